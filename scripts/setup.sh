@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One idempotent setup: system packages, a virtualenv in .venv, torch first, then Sluice.
+# Re-running is cheap: every step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist"
+STAMP="$VENV/.sluice-setup-stamp"
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+need_apt=""
+for p in $APT_PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt="$need_apt $p"
+done
+if [ -n "$need_apt" ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  log "installing system packages:$need_apt"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need_apt >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtualenv $VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+fi
+PY="$VENV/bin/python"
+
+# The stamp records what was installed; when pyproject or the torch spec change, install again.
+want="$(cat pyproject.toml; echo "$TORCH_SPEC")"
+want_sum="$(printf '%s' "$want" | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_sum" ]; then
+  log "environment up to date ($VENV)"
+  exit 0
+fi
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  log "installing $TORCH_SPEC (first, so no other package pulls a CUDA build)"
+  "$PY" -m pip install -q "$TORCH_SPEC"
+fi
+log "installing sluice and its dependencies (ffcv compiles once; a few minutes)"
+"$PY" -m pip install -q numpy 'cython<3.2' pkgconfig
+"$PY" -m pip install -q --no-build-isolation -e '.[test]'
+printf '%s' "$want_sum" > "$STAMP"
+log "done"

@@ -1,0 +1,62 @@
+"""Paths that may be local or any fsspec URL (``s3://``, ``gs://``, ``memory://``).
+
+Local paths are the default and take fast paths (``os.replace``, ``fsync``); other
+filesystems go through fsspec, whose package the user installs (``s3fs`` for S3).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import Path
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+
+def is_local(url: str | os.PathLike) -> bool:
+    """True for plain paths and ``file://`` URLs."""
+    s = os.fspath(url)
+    return "://" not in s or s.startswith("file://")
+
+
+def local_path(url: str | os.PathLike) -> Path:
+    """The filesystem path of a local URL (``file://`` stripped)."""
+    s = os.fspath(url)
+    return Path(s[len("file://"):] if s.startswith("file://") else s)
+
+
+def filesystem(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem for ``url`` and the path inside it.
+
+    A missing filesystem package gets an error that names what to install.
+    """
+    s = os.fspath(url)
+    if is_local(s):
+        return LocalFileSystem(), str(local_path(s).absolute())
+    try:
+        fs, path = fsspec.core.url_to_fs(s)
+    except (ImportError, ValueError) as e:
+        scheme = s.split("://", 1)[0]
+        raise ImportError(
+            f"no filesystem for {scheme}:// URLs ({e}); install its fsspec package "
+            f"(s3fs for s3://, gcsfs for gs://, adlfs for az://)") from e
+    return fs, path
+
+
+def join(url: str | os.PathLike, *parts: str) -> str:
+    """Join path parts onto a local path or URL without mangling the scheme."""
+    s = os.fspath(url)
+    if is_local(s):
+        return str(local_path(s).joinpath(*parts))
+    return posixpath.join(s, *parts)
+
+
+def exists(url: str | os.PathLike) -> bool:
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def read_bytes(url: str | os.PathLike) -> bytes:
+    fs, path = filesystem(url)
+    with fs.open(path, "rb") as f:
+        return f.read()
