@@ -19,6 +19,8 @@ NPY_HEADERS: dict[tuple[int, ...], bytes] = {}
 
 def to_label(value: object, num_classes: int | None) -> int:
     """An integer class label, or SampleError saying what is wrong with ``value``."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, (bytes, bytearray)):
         try:
             value = value.decode().strip()

@@ -1,0 +1,112 @@
+"""Sources and splits: each kind of bad input gets an error naming the file and the problem."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from stages.errors import SourceError
+from stages.ingest import IngestConfig, expand_braces, open_source, plan_splits
+
+
+def _idx(path, arr: np.ndarray, code=0x08, gz=True, dims=None):
+    dims = arr.shape if dims is None else dims
+    raw = bytes([0, 0, code, len(dims)]) + b"".join(int(d).to_bytes(4, "big") for d in dims) + arr.tobytes()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+
+
+def _idx_pair(root, n_img=10, n_lab=10, gz=True, prefix="train"):
+    rng = np.random.default_rng(0)
+    _idx(root / f"{prefix}-images-idx3-ubyte{'.gz' if gz else ''}", rng.integers(0, 255, (n_img, 28, 28), np.uint8), gz=gz)
+    _idx(root / f"{prefix}-labels-idx1-ubyte{'.gz' if gz else ''}", rng.integers(0, 10, n_lab).astype(np.uint8), gz=gz)
+
+
+def test_fashion_mnist_named_source():
+    src = open_source("fashion-mnist")
+    assert src.split_sizes() == {"train": 60000, "test": 10000}
+    assert src.num_classes() == 10 and src.class_names()[0] == "T-shirt/top"
+    s = src.load("test", 3)
+    assert s.array.shape == (28, 28, 1) and s.array.dtype == np.uint8
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_plain_and_gzip(tmp_path, gz):
+    _idx_pair(tmp_path, gz=gz)
+    src = open_source(str(tmp_path))
+    assert src.kind == "idx" and src.split_sizes() == {"train": 10}
+
+
+def test_idx_header_disagrees_with_size(tmp_path):
+    _idx_pair(tmp_path)
+    arr = np.zeros((10, 28, 28), np.uint8)
+    _idx(tmp_path / "train-images-idx3-ubyte.gz", arr, dims=(12, 28, 28))
+    with pytest.raises(SourceError, match=r"train-images-idx3-ubyte.gz: IDX header says shape \(12, 28, 28\)"):
+        open_source(str(tmp_path))
+
+
+def test_idx_image_and_label_counts_differ(tmp_path):
+    _idx_pair(tmp_path, n_img=10, n_lab=9)
+    with pytest.raises(SourceError, match="holds 10 images but train-labels-idx1-ubyte.gz holds 9 labels"):
+        open_source(str(tmp_path))
+
+
+def test_idx_truncated_gzip(tmp_path):
+    _idx_pair(tmp_path)
+    p = tmp_path / "train-images-idx3-ubyte.gz"
+    p.write_bytes(p.read_bytes()[:200])
+    with pytest.raises(SourceError, match="not valid gzip"):
+        open_source(str(tmp_path))
+
+
+def test_missing_path():
+    with pytest.raises(SourceError, match="source not found: /no/such/place"):
+        open_source("/no/such/place")
+
+
+def test_empty_sources(tmp_path):
+    (tmp_path / "folder" / "cat").mkdir(parents=True)
+    with pytest.raises(SourceError, match="is empty"):
+        open_source(str(tmp_path / "folder"))
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(SourceError, match="one sub-folder per class"):
+        open_source(IngestConfig(source=str(tmp_path / "bare"), kind="folder"))
+    np.savez(tmp_path / "e.npz", images=np.zeros((0, 4, 4), np.uint8), labels=np.zeros(0, np.int64))
+    with pytest.raises(SourceError, match="is empty"):
+        open_source(str(tmp_path / "e.npz"))
+
+
+def test_npz_refuses_pickled_arrays_and_mismatch(tmp_path):
+    np.savez(tmp_path / "obj.npz", images=np.array([object()], dtype=object), labels=np.zeros(1))
+    with pytest.raises(SourceError, match="unpickling"):
+        open_source(str(tmp_path / "obj.npz"))
+    np.savez(tmp_path / "m.npz", images=np.zeros((3, 4, 4), np.uint8), labels=np.zeros(2, np.int64))
+    with pytest.raises(SourceError, match="holds 3 images but 'labels' holds 2"):
+        open_source(str(tmp_path / "m.npz"))
+
+
+def test_splits_are_deterministic_disjoint_and_complete():
+    src = open_source("fashion-mnist")
+    cfg = IngestConfig(limit=1000, seed=7)
+    a, b = plan_splits(src, cfg), plan_splits(src, cfg)
+    assert a == b
+    assert {k: len(v) for k, v in a.items()} == {"train": 800, "holdout": 100, "val": 100, "test": 1000}
+    from_train = [x for s in ("train", "holdout", "val") for x in a[s]]
+    assert sorted(from_train) == [("train", i) for i in range(1000)]
+    assert plan_splits(src, IngestConfig(limit=1000, seed=8))["holdout"] != a["holdout"]
+
+
+def test_source_without_test_split_gets_one(tmp_path):
+    np.savez(tmp_path / "d.npz", images=np.zeros((100, 4, 4), np.uint8), labels=np.arange(100) % 3)
+    plan = plan_splits(open_source(str(tmp_path / "d.npz")), IngestConfig())
+    assert {k: len(v) for k, v in plan.items()} == {"train": 70, "holdout": 10, "val": 10, "test": 10}
+
+
+def test_bad_fractions_refused():
+    with pytest.raises(ValueError, match="must be < 1"):
+        IngestConfig(holdout_fraction=0.5, val_fraction=0.5)
+
+
+def test_brace_expansion():
+    assert expand_braces("s-{00..02}.tar") == ["s-00.tar", "s-01.tar", "s-02.tar"]
+    assert expand_braces("{a,b}/x-{1..2}") == ["a/x-1", "a/x-2", "b/x-1", "b/x-2"]
