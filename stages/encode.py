@@ -21,6 +21,11 @@ def to_label(value: object, num_classes: int | None) -> int:
     """An integer class label, or SampleError saying what is wrong with ``value``."""
     if isinstance(value, np.generic):
         value = value.item()
+    if type(value) is int:  # the common case, without the ABC checks below
+        if value < 0 or (num_classes is not None and value >= num_classes):
+            rng = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+            raise SampleError(f"label {value} is out of range {rng}")
+        return value
     if isinstance(value, (bytes, bytearray)):
         try:
             value = value.decode().strip()

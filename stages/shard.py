@@ -12,6 +12,7 @@ and the manifest (written last) is what makes the artifact visible.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stages.encode import decode_pixels, encode_image, to_label
 from stages.errors import SampleError, SluiceError, TooManyBadSamples
@@ -58,6 +59,15 @@ class ShardConfig(BaseModel):
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
     workers: int | None = Field(None, ge=1, description="processes; default: all cores")
     progress: bool = True
+
+    @model_validator(mode="after")
+    def _formats(self) -> "ShardConfig":
+        if not self.formats:
+            raise ValueError("formats must name at least one of webdataset, dali, ffcv")
+        if "dali" in self.formats and "webdataset" not in self.formats:
+            raise ValueError("the dali format indexes the WebDataset shards: add webdataset to formats")
+        self.formats = [f for f in ALL_FORMATS if f in self.formats]
+        return self
 
     def content_fingerprint(self) -> str:
         """Only what changes the bytes written: not workers or progress bars."""
@@ -161,13 +171,12 @@ def _write_shard(task: dict) -> dict:
                 w.add_sample(key, _sample_members(s, pixels, label, task["first_index"] + n, cfg))
             w.close()
             f.flush()
-    out = {**task, "reused": False, "tar_sha": w.sha.hexdigest(), "tar_bytes": w.offset,
-           "idx_sha": None, "idx_bytes": None}
-    if want_idx:
-        data = w.dali_index()
-        atomic.write_bytes(idx_path, data)
-        import hashlib
-        out["idx_sha"], out["idx_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+        out = {**task, "reused": False, "tar_sha": w.sha.hexdigest(), "tar_bytes": w.offset,
+               "idx_sha": None, "idx_bytes": None}
+        if want_idx:  # the index lands before its tar, so a finished tar always has one
+            data = w.dali_index()
+            atomic.write_bytes(idx_path, data)
+            out["idx_sha"], out["idx_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
     return out
 
 
@@ -263,6 +272,59 @@ def _write_ffcv(path: Path, items, src, cfg: ShardConfig, ncls, shape, workers: 
     atomic.write_with(path, fill)
 
 
+class _FfcvJob:
+    """Writes every split's .beton, in a forked process beside the tar pool when there is one.
+
+    FFCV's writer spends much of its time waiting (process start, 0.1 s progress polls), so
+    running it beside the shard pool hides most of its cost. The fork happens from the main
+    thread before the pool exists.
+    """
+
+    def __init__(self, work: Path, good, src, cfg: ShardConfig, ncls, shape, workers: int):
+        self.work, self.good, self.src, self.cfg = work, good, src, cfg
+        self.ncls, self.shape, self.workers = ncls, shape, workers
+        self.proc: mp.Process | None = None
+        self.error_file = work / ".ffcv-failed"
+
+    def todo(self) -> list[str]:
+        if "ffcv" not in self.cfg.formats:
+            return []
+        return [s for s, items in self.good.items() if items and not (self.work / s / "data.beton").exists()]
+
+    def run(self) -> None:
+        for split in self.todo():
+            (self.work / split).mkdir(parents=True, exist_ok=True)
+            _write_ffcv(self.work / split / "data.beton", self.good[split], self.src, self.cfg, self.ncls,
+                        self.shape, self.workers)
+
+    def _child(self) -> None:
+        try:
+            self.run()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent through the file
+            self.error_file.write_text(f"{type(e).__name__}: {e}")
+            os._exit(1)
+        os._exit(0)
+
+    def start(self, background: bool) -> None:
+        self.error_file.unlink(missing_ok=True)
+        if not self.todo():
+            return
+        if background:
+            self.proc = mp.get_context("fork").Process(target=self._child, name="sluice-ffcv-writer")
+            self.proc.start()
+        else:
+            self.run()
+
+    def finish(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.join()
+        if self.proc.exitcode != 0:
+            detail = self.error_file.read_text() if self.error_file.exists() else f"exit code {self.proc.exitcode}"
+            self.error_file.unlink(missing_ok=True)
+            raise ShardStageError(f"writing the FFCV files failed: {detail}")
+
+
 # ------------------------------------------------------------------ the stage
 
 def dataset_fingerprint(src: Source, ingest: IngestConfig, cfg: ShardConfig) -> str:
@@ -298,9 +360,14 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
         good, bad, shape = _scan(plan, work, cfg, workers)
         total = sum(len(v) for v in plan.values())
         _check_bad(bad, total, cfg, work if fresh else None)
-        tasks = _shard_tasks(good, work, cfg, shape)
-        results = list(_run_pool(_write_shard, tasks, workers, lambda t: len(t["items"]),
-                                 cfg.progress, "writing shards"))
+        tasks = _shard_tasks(good, work, cfg, shape) if "webdataset" in cfg.formats else []
+        ffcv = _FfcvJob(work, good, src, cfg, ncls, shape, workers)
+        ffcv.start(background=bool(tasks) and workers > 1)
+        try:
+            results = list(_run_pool(_write_shard, tasks, workers, lambda t: len(t["items"]),
+                                     cfg.progress, "writing shards"))
+        finally:
+            ffcv.finish()
         manifest = _finish(root, work, src, ingest, cfg, fp, good, bad, shape, results, ncls, workers)
     except KeyboardInterrupt:
         raise
@@ -341,8 +408,9 @@ def _scan(plan, work: Path, cfg: ShardConfig, workers: int):
         _dedupe_keys(good[split])
         for g in good[split]:
             del g[4]
-    atomic.write_json(scan_path, {"plan_sizes": {k: len(v) for k, v in plan.items()}, "good": good,
-                                  "bad": bad, "shape": list(shape) if shape else None})
+    atomic.write_bytes(scan_path, json.dumps({"plan_sizes": {k: len(v) for k, v in plan.items()}, "good": good,
+                                              "bad": bad, "shape": list(shape) if shape else None},
+                                             separators=(",", ":")).encode())
     return good, bad, shape
 
 
@@ -443,12 +511,7 @@ def _finish(root, work: Path, src, ingest, cfg, fp, good, bad, shape, results, n
             if not tmp.exists() and tmp.with_suffix(tmp.suffix + ".npy").exists():
                 tmp.with_suffix(tmp.suffix + ".npy").rename(tmp)
         atomic.write_bytes(key_path, "".join(f"{g[2]}\n" for g in items).encode())
-        ffcv_rec = None
-        if "ffcv" in cfg.formats and items:
-            beton = d / "data.beton"
-            if not beton.exists():
-                _write_ffcv(beton, items, src, cfg, ncls, shape, workers)
-            ffcv_rec = _record(work, beton)
+        ffcv_rec = _record(work, d / "data.beton") if "ffcv" in cfg.formats and items else None
         shards = []
         for r in sorted(by_split.get(split, []), key=lambda r: r["shard"]):
             tar = _record(work, Path(r["tar"]), r["tar_sha"], r["tar_bytes"])
@@ -471,6 +534,7 @@ def _finish(root, work: Path, src, ingest, cfg, fp, good, bad, shape, results, n
         quarantine=[QuarantineRecord(**b) for b in bad], formats=cfg.formats)
     write_manifest(work, manifest)
     (work / ".scan.json").unlink(missing_ok=True)
+    (work / ".ffcv-failed").unlink(missing_ok=True)
     return manifest
 
 

@@ -13,6 +13,35 @@ BLOCK = 512
 RECORD = 20 * BLOCK
 
 
+def _template() -> bytearray:
+    info = tarfile.TarInfo("x")
+    info.size, info.mtime, info.mode = 0, 0, 0o644
+    info.uname = info.gname = ""
+    h = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    h[0:100] = bytes(100)
+    h[148:156] = b" " * 8
+    return h
+
+
+_TEMPLATE = _template()
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """The same 512 bytes ``tarfile`` writes for a regular file (mode 644, mtime 0, no owner),
+    built from a template: ``TarInfo.tobuf`` costs ~40 µs a member, this ~3 µs."""
+    raw = name.encode()
+    if len(raw) > 100 or size >= 8 ** 11:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, 0, 0o644
+        info.uname = info.gname = ""
+        return info.tobuf(format=tarfile.PAX_FORMAT)  # long names: a pax header carries them
+    h = bytearray(_TEMPLATE)
+    h[0:len(raw)] = raw
+    h[124:136] = b"%011o\x00" % size
+    h[148:155] = b"%06o\x00" % sum(h)
+    return bytes(h)
+
+
 class TarShardWriter:
     """Append samples (key, [(ext, bytes)]) to a tar stream; track sha256 and DALI index lines."""
 
@@ -31,11 +60,7 @@ class TarShardWriter:
         parts = []
         for ext, data in members:
             name = f"{key}.{ext}"
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uname = info.gname = ""
-            header = info.tobuf(format=tarfile.USTAR_FORMAT)
-            self._write(header)
+            self._write(ustar_header(name, len(data)))
             parts.append(f"{ext} {self.offset} {len(data)} {name}")
             pad = (-len(data)) % BLOCK
             self._write(data + b"\0" * pad)

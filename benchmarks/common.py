@@ -1,0 +1,46 @@
+"""Helpers shared by the benchmarks: timing, tables and JSON results."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@contextmanager
+def timer() -> Iterator[dict]:
+    box: dict[str, float] = {}
+    t = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box["seconds"] = time.perf_counter() - t
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return "-" if v is None else str(v)
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))) for row in cells]
+    return "\n".join(out)
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    from storage.atomic import write_json
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {**payload, "_meta": {"when": datetime.now(timezone.utc).isoformat(), "host_cores": os.cpu_count(),
+                                    "python": platform.python_version()}}
+    path = RESULTS / f"{name}.json"
+    write_json(path, payload)
+    return path
