@@ -62,8 +62,13 @@ def test_manifest_round_trip_and_verify(fmnist_artifact):
 
 
 def test_open_artifact_follows_latest(fmnist_artifact):
+    """LATEST names the version the last run produced or found (other tests add versions)."""
     from pathlib import Path
+    from stages.ingest import IngestConfig
+    from stages.shard import ShardConfig, shard_dataset
     dataset_root = Path(fmnist_artifact.root).parent
+    shard_dataset(IngestConfig(source="fashion-mnist", limit=600), dataset_root,
+                  ShardConfig(shard_samples=128, progress=False, workers=1))
     assert open_artifact(dataset_root).fingerprint == fmnist_artifact.manifest.fingerprint
 
 
