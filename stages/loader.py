@@ -1,0 +1,302 @@
+"""One loader over FFCV, DALI, WebDataset or RAM, with samplers, device-side augmentation,
+prefetching and exact mid-epoch resume.
+
+    from stages.loader import Loader
+    loader = Loader("sluice-data/fashion-mnist", split="train", batch_size=256, backend="ffcv",
+                    augment=AugmentSpec.standard())
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels, indices in loader:   # float32 NCHW on the device, int64, int64
+            ...
+
+Importing this module imports neither FFCV nor DALI; a backend is imported when asked for, and a
+missing one raises ``MissingBackend`` naming the pip package.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any, Iterator, Literal, NamedTuple
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages.augment import AugmentSpec, TorchAugment
+from stages.loader_backends import Timings
+from stages.samplers import ResolutionSchedule, Sampler, SamplerConfig, build_sampler, partition
+from storage.artifact import DatasetArtifact, open_artifact
+from storage.manifest import ArtifactError
+
+Backend = Literal["auto", "memory", "ffcv", "dali", "webdataset"]
+
+
+class Batch(NamedTuple):
+    images: torch.Tensor   # float32 NCHW (augmented, normalised) on the loader's device
+    labels: torch.Tensor   # int64
+    indices: torch.Tensor  # int64: each sample's stable index within the split
+
+
+class LoaderConfig(BaseModel):
+    """Everything that shapes what the loader yields; the same shape in YAML, Prefect and Python."""
+    model_config = ConfigDict(extra="forbid")
+    split: str = "train"
+    backend: Backend = "auto"
+    batch_size: int = Field(256, ge=1)
+    drop_last: bool = False
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    augment: AugmentSpec | None = None
+    resolution: ResolutionSchedule | None = None
+    device: str = "cpu"
+    workers: int | None = Field(None, ge=0, description="decode workers; default: the machine's cores")
+    prefetch: int = Field(3, ge=0, description="batches prepared ahead in a background thread")
+    verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")
+    streaming: bool = Field(False, description="webdataset only: plain streaming with shard shuffle (inexact order)")
+    shuffle_buffer: int = 1000
+    memory_budget_bytes: int | None = None
+    seed: int = 0
+
+
+def _resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: int | None) -> str:
+    if name != "auto":
+        return name
+    shape = artifact.manifest.fields.image.shape
+    n = artifact.manifest.split(split).count
+    if shape is not None:
+        from stages.loader_backends import _available_memory
+        need = n * int(np.prod(shape))
+        if need <= (budget if budget is not None else _available_memory() // 4):
+            return "memory"
+    return "ffcv" if artifact.manifest.split(split).ffcv else "webdataset"
+
+
+class Loader:
+    """Batches ``(images, labels, indices)`` of one split, in the sampler's order, on the device.
+
+    ``rank``/``world_size`` give this process a disjoint, equal-length slice of every epoch.
+    ``scores`` supplies the weighted/curriculum sampler's per-sample array (else
+    ``sampler.scores``); ``custom_sampler`` (any object with ``__len__`` and ``epoch_order``)
+    replaces the configured sampler outright. Other keyword arguments override config fields.
+    """
+
+    def __init__(self, artifact: str | os.PathLike | DatasetArtifact, config: LoaderConfig | dict | None = None, *,
+                 rank: int = 0, world_size: int = 1, scores: np.ndarray | None = None,
+                 custom_sampler: Sampler | None = None, **overrides: Any):
+        cfg = config if isinstance(config, LoaderConfig) else LoaderConfig.model_validate(config or {})
+        if overrides:
+            cfg = cfg.model_copy(update=overrides)
+            cfg = LoaderConfig.model_validate(cfg.model_dump())
+        self.config = cfg
+        self.artifact = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
+        m = self.artifact.manifest
+        if cfg.split not in m.splits:
+            raise ArtifactError(f"split {cfg.split!r} is not in {self.artifact.root}; it has {sorted(m.splits)}")
+        self.n = m.splits[cfg.split].count
+        if self.n == 0:
+            raise ArtifactError(f"split {cfg.split!r} of {self.artifact.root} is empty")
+        if cfg.verify != "none":
+            self.artifact.verify([cfg.split], deep=cfg.verify == "full")
+        self._check_resolution()
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(cfg.device)
+        self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
+        self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores)
+        if len(self.sampler) == 0:
+            raise ValueError("the sampler yields no samples")
+        self.backend_name = _resolve_backend(cfg.backend, self.artifact, cfg.split, cfg.memory_budget_bytes)
+        self._backend = None
+        self.augment = TorchAugment(cfg.augment, cfg.seed)
+        self.epoch = 0
+        self._next_batch = 0  # batches of the current epoch already handed to the caller
+        self.timings = Timings()
+        self.samples_seen = 0
+
+    # ------------------------------------------------------------------ contract
+    def __len__(self) -> int:
+        per_rank = len(partition(np.arange(len(self.sampler)), self.rank, self.world_size, self.config.sampler.partition))
+        bs = self.config.batch_size
+        return per_rank // bs if self.config.drop_last else -(-per_rank // bs)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._next_batch = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the caller is: resuming from this yields exactly the next batch."""
+        return {"epoch": self.epoch, "next_batch": self._next_batch, "rank": self.rank,
+                "world_size": self.world_size, "fingerprint": self.artifact.fingerprint,
+                "split": self.config.split, "batch_size": self.config.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("fingerprint") != self.artifact.fingerprint:
+            raise ValueError("loader state belongs to another dataset version "
+                             f"({str(state.get('fingerprint'))[:16]} vs {self.artifact.fingerprint[:16]})")
+        for k in ("split", "batch_size", "world_size"):
+            if state.get(k) != self.state_dict()[k]:
+                raise ValueError(f"loader state has {k}={state.get(k)!r}, this loader {self.state_dict()[k]!r}")
+        self.epoch, self._next_batch = int(state["epoch"]), int(state["next_batch"])
+
+    def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's index order for an epoch (what the batches will carry, in order)."""
+        e = self.epoch if epoch is None else epoch
+        return partition(self.sampler.epoch_order(e), self.rank, self.world_size, self.config.sampler.partition)
+
+    def resolution(self, epoch: int | None = None) -> int | None:
+        r = self.config.resolution
+        return r.at(self.epoch if epoch is None else epoch) if r else None
+
+    def __iter__(self) -> Iterator[Batch]:
+        epoch, start = self.epoch, self._next_batch
+        total = len(self)
+        if start >= total:  # the epoch was finished: the next iteration is the next epoch
+            self.epoch, self._next_batch = epoch + 1, 0
+            epoch, start = self.epoch, 0
+        order = self.epoch_indices(epoch)
+        self.backend()  # built here, in the caller's thread: backends fork workers, never from a thread
+        produced = self._produce(order, epoch, start)
+        try:
+            for batch in produced:
+                self._next_batch += 1
+                self.samples_seen += len(batch.labels)
+                yield batch
+        finally:
+            close = getattr(produced, "close", None)
+            if close:
+                close()
+
+    # ------------------------------------------------------------------ internals
+    def _check_resolution(self) -> None:
+        cfg, shape = self.config, self.artifact.manifest.fields.image.shape
+        wanted = [cfg.resolution.end] if cfg.resolution else []
+        if cfg.augment:
+            wanted += [op.size for op in cfg.augment.ops if getattr(op, "size", None) and op.op == "random_resized_crop"]
+        if shape is not None:
+            for w in wanted:
+                if w > max(shape[0], shape[1]):
+                    raise ValueError(f"requested resolution {w} is above the stored {shape[0]}×{shape[1]}; "
+                                     "re-shard at a higher resolution")
+
+    def backend(self):
+        if self._backend is None:
+            cfg, art, split, w = self.config, self.artifact, self.config.split, self.workers
+            if self.backend_name == "memory":
+                from stages.loader_backends import MemoryBackend
+                self._backend = MemoryBackend(art, split, w, cfg.memory_budget_bytes)
+            elif self.backend_name == "ffcv":
+                from stages.loader_backends import FfcvBackend
+                self._backend = FfcvBackend(art, split, max(1, w), cfg.batch_size)
+            elif self.backend_name == "webdataset":
+                from stages.loader_backends import WebDatasetBackend
+                self._backend = WebDatasetBackend(art, split, w, cfg.streaming, cfg.shuffle_buffer, cfg.seed)
+            elif self.backend_name == "dali":
+                from stages.loader_dali import DaliBackend
+                self._backend = DaliBackend(art, split, cfg.augment, self.device, max(1, w), cfg.seed)
+            else:
+                raise ValueError(f"unknown backend {self.backend_name!r}")
+        return self._backend
+
+    def _batches(self, order: np.ndarray, epoch: int, start: int) -> Iterator[Batch]:
+        be = self.backend()
+        cfg = self.config
+        res = self.resolution(epoch)
+        if getattr(be, "augments", False):  # DALI: augmentation and transfer happen inside
+            yield from (Batch(*b) for b in be.epoch(order, cfg.batch_size, cfg.drop_last, start,
+                                                   resolution=res, epoch_seed=cfg.seed + epoch))
+            return
+        pin = self.device.type == "cuda"
+        b = start
+        for imgs, labels, idx in be.epoch(order, cfg.batch_size, cfg.drop_last, start):
+            t = time.perf_counter()
+            x = torch.as_tensor(imgs)
+            y = torch.as_tensor(labels, dtype=torch.int64)
+            i = torch.as_tensor(idx, dtype=torch.int64)
+            if pin:
+                x = x.pin_memory().to(self.device, non_blocking=True)
+                y = y.pin_memory().to(self.device, non_blocking=True)
+                i = i.to(self.device, non_blocking=True)
+            t1 = time.perf_counter()
+            self.timings.add("transfer", t1 - t)
+            # Seeded per (epoch, batch): a resumed run augments its batches exactly as before.
+            self.augment.reseed(hash((cfg.seed, epoch, b)) & 0x7FFFFFFF)
+            x = self.augment(x, res)
+            self.timings.add("augment", time.perf_counter() - t1)
+            b += 1
+            yield Batch(x, y, i)
+
+    def _produce(self, order: np.ndarray, epoch: int, start: int) -> Iterator[Batch]:
+        """Run the pipeline in a background thread, ``prefetch`` batches ahead of the caller.
+
+        Backends that fork worker processes per epoch (DataLoader workers, DALI's parallel
+        external source) prefetch on their own and run in the caller's thread: forking from a
+        thread can deadlock the child on locks another thread held.
+        """
+        if self.config.prefetch == 0 or getattr(self.backend(), "forks_per_epoch", False):
+            yield from self._timed(self._batches(order, epoch, start))
+            return
+        q: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
+        stop = threading.Event()
+        DONE = object()
+
+        def work():
+            try:
+                for batch in self._batches(order, epoch, start):
+                    while not stop.is_set():
+                        try:
+                            q.put(batch, timeout=0.1)
+                            break
+                        except queue.Full:
+                            pass
+                    if stop.is_set():
+                        return
+                q.put(DONE)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                q.put(e)
+
+        th = threading.Thread(target=work, name="sluice-loader", daemon=True)
+        th.start()
+        try:
+            while True:
+                t = time.perf_counter()
+                item = q.get()
+                self.timings.add("wait", time.perf_counter() - t)
+                if item is DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while th.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    th.join(0.05)
+
+    def _timed(self, it: Iterator[Batch]) -> Iterator[Batch]:
+        while True:
+            t = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            self.timings.add("wait", time.perf_counter() - t)
+            yield b
+
+    def profile(self) -> dict[str, float]:
+        """Seconds spent per stage so far (backend read/decode, transfer, augment, and the
+        caller's wait for data), with samples seen: where the loading time goes."""
+        be = self._backend
+        out = dict(be.timings) if be is not None else {}
+        out.update(self.timings)
+        out["samples"] = float(self.samples_seen)
+        return out
+
+    def profile_report(self) -> str:
+        p = self.profile()
+        n = p.pop("samples", 0)
+        lines = [f"loader profile ({self.backend_name}, {int(n)} samples):"]
+        for k, v in sorted(p.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {k:<12} {v:8.3f} s" + (f"  {v / n * 1e6:8.1f} µs/sample" if n else ""))
+        return "\n".join(lines)
