@@ -1,0 +1,169 @@
+"""Model registry: an immutable record per trained model, and a ``champion`` pointer that moves
+only when a candidate beats the champion on the same evaluation split by a margin.
+
+Layout under the registry root::
+
+    models/<model_id>/record.json   written once, never changed
+    models/<model_id>/checkpoint.pt  the candidate's checkpoint, copied in atomically
+    champion.json                    the pointer (and its history), replaced atomically
+    .lock                            serialises promotions (flock)
+
+A failed or crashed run never registers a record, so it can never move the pointer.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage import atomic
+
+
+class ModelRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_id: str
+    created_at: str
+    dataset_fingerprint: str
+    eval_split: str  # "<dataset fingerprint[:16]>/<split>": what the metric was measured on
+    metric: str
+    value: float
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    checkpoint: str  # relative to the registry root
+    run: dict[str, Any] = Field(default_factory=dict)  # e.g. Prefect flow run id/name
+
+
+class Decision(BaseModel):
+    promoted: bool
+    reason: str
+    candidate: str
+    champion_before: str | None = None
+    champion_value: float | None = None
+    candidate_value: float
+
+
+class RegistryError(ValueError):
+    """A registry operation refused: it says what and why."""
+
+
+class Registry:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        (self.root / "models").mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ records
+    def register(self, checkpoint: str | os.PathLike, *, dataset_fingerprint: str, eval_split: str,
+                 metric: str, value: float, metrics: dict[str, Any] | None = None,
+                 config: dict[str, Any] | None = None, run: dict[str, Any] | None = None) -> ModelRecord:
+        """Copy the checkpoint in and write an immutable record for it."""
+        if not math.isfinite(value):
+            raise RegistryError(f"refusing to register a model whose {metric} is {value}")
+        src = Path(checkpoint)
+        if not src.is_file():
+            raise RegistryError(f"checkpoint not found: {src}")
+        now = datetime.now(timezone.utc)
+        model_id = f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        d = self.root / "models" / model_id
+        d.mkdir(parents=True)
+        atomic.write_with(d / "checkpoint.pt", lambda tmp: shutil.copyfile(src, tmp))
+        rec = ModelRecord(model_id=model_id, created_at=now.isoformat(), dataset_fingerprint=dataset_fingerprint,
+                          eval_split=eval_split, metric=metric, value=float(value), metrics=metrics or {},
+                          config=config or {}, checkpoint=f"models/{model_id}/checkpoint.pt", run=run or {})
+        atomic.write_bytes(d / "record.json", (rec.model_dump_json(indent=2) + "\n").encode())
+        return rec
+
+    def get(self, model_id: str) -> ModelRecord:
+        p = self.root / "models" / model_id / "record.json"
+        if not p.is_file():
+            raise RegistryError(f"no model {model_id!r} in registry {self.root}")
+        return ModelRecord.model_validate_json(p.read_text())
+
+    def checkpoint_path(self, rec: ModelRecord) -> Path:
+        return self.root / rec.checkpoint
+
+    def list(self) -> list[ModelRecord]:
+        out = []
+        for p in sorted((self.root / "models").glob("*/record.json")):
+            with contextlib.suppress(ValueError, OSError):
+                out.append(ModelRecord.model_validate_json(p.read_text()))
+        return sorted(out, key=lambda r: r.created_at)
+
+    # ------------------------------------------------------------------ champion
+    def _pointer(self) -> dict[str, Any]:
+        p = self.root / "champion.json"
+        return json.loads(p.read_text()) if p.is_file() else {"model_id": None, "history": []}
+
+    def champion(self) -> ModelRecord | None:
+        mid = self._pointer().get("model_id")
+        return self.get(mid) if mid else None
+
+    def history(self) -> list[dict[str, Any]]:
+        return self._pointer().get("history", [])
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def promote_if_better(self, candidate: ModelRecord, margin: float = 0.0,
+                          champion_value_now: float | None = None) -> Decision:
+        """Move the champion pointer to ``candidate`` iff it beats the champion by ``margin``.
+
+        Both must be measured on the same evaluation split. When the champion was evaluated on
+        another split (say, an older dataset version), pass ``champion_value_now``: its metric
+        re-measured on the candidate's split; without it the comparison is refused.
+        """
+        with self._locked():
+            ptr = self._pointer()
+            champ = self.get(ptr["model_id"]) if ptr.get("model_id") else None
+            if champ is None:
+                decision = Decision(promoted=True, reason="no champion yet", candidate=candidate.model_id,
+                                    candidate_value=candidate.value)
+            else:
+                if champ.metric != candidate.metric:
+                    raise RegistryError(f"champion is ranked by {champ.metric}, candidate by {candidate.metric}")
+                if champ.eval_split == candidate.eval_split:
+                    cv = champ.value
+                elif champion_value_now is not None:
+                    cv = champion_value_now
+                else:
+                    raise RegistryError(f"champion was evaluated on {champ.eval_split}, candidate on "
+                                        f"{candidate.eval_split}: re-evaluate the champion on the same split")
+                better = candidate.value > cv + margin
+                reason = (f"{candidate.metric} {candidate.value:.4f} {'>' if better else '<='} champion "
+                          f"{cv:.4f} + margin {margin:.4f}")
+                decision = Decision(promoted=better, reason=reason, candidate=candidate.model_id,
+                                    champion_before=champ.model_id, champion_value=cv,
+                                    candidate_value=candidate.value)
+            if decision.promoted:
+                history = ptr.get("history", []) + [{
+                    "model_id": candidate.model_id, "at": datetime.now(timezone.utc).isoformat(),
+                    "replaced": champ.model_id if champ else None, "reason": decision.reason}]
+                atomic.write_json(self.root / "champion.json", {"model_id": candidate.model_id, "history": history})
+            return decision
+
+    def format_list(self) -> str:
+        recs = self.list()
+        if not recs:
+            return f"no models registered in {self.root}"
+        champ = self._pointer().get("model_id")
+        lines = [f"{'':2}{'model':<24} {'created':<20} {'dataset':<17} {'metric':<10} {'value':>7}"]
+        for r in recs:
+            mark = "* " if r.model_id == champ else "  "
+            lines.append(f"{mark}{r.model_id:<24} {r.created_at[:19]:<20} {r.dataset_fingerprint[:16]:<17} "
+                         f"{r.metric:<10} {r.value:>7.4f}")
+        lines.append(f"(* champion; registry {self.root})")
+        return "\n".join(lines)
