@@ -300,3 +300,36 @@ class Loader:
         for k, v in sorted(p.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {k:<12} {v:8.3f} s" + (f"  {v / n * 1e6:8.1f} µs/sample" if n else ""))
         return "\n".join(lines)
+
+
+def load_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The whole split as (uint8 NHWC images, int64 labels), index-aligned: for scorers such as
+    the irreducible-loss model that want every sample at once."""
+    from stages.loader_backends import MemoryBackend
+    art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
+    be = MemoryBackend(art, split, os.cpu_count() or 1)
+    return be.images, be.labels
+
+
+def _register_with_train_stage() -> None:
+    """Make ``{"kind": "artifact", "root": ..., "loader": {...LoaderConfig}}`` a loader spec the
+    training stage can build inside each torchrun worker."""
+    try:
+        from stages.train import register_loader
+    except ImportError:  # the training stage is optional for loader users
+        return
+
+    @register_loader("artifact")
+    def _artifact_loader(spec: dict[str, Any], *, rank: int, world_size: int, batch_size: int, seed: int,
+                         train: bool) -> Loader:
+        unknown = set(spec) - {"kind", "root", "loader", "scores"}
+        if unknown:
+            raise ValueError(f"artifact loader spec has unknown keys {sorted(unknown)}")
+        cfg = LoaderConfig.model_validate(spec.get("loader", {}))
+        if "batch_size" not in spec.get("loader", {}):
+            cfg = cfg.model_copy(update={"batch_size": batch_size})
+        scores = np.load(spec["scores"], allow_pickle=False) if spec.get("scores") else None
+        return Loader(spec["root"], cfg, rank=rank, world_size=world_size, scores=scores)
+
+
+_register_with_train_stage()

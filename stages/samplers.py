@@ -33,7 +33,7 @@ def partition(order: np.ndarray, rank: int, world_size: int, mode: Literal["pad"
             order = np.concatenate([order] + [order] * reps)[:total]
     else:
         order = order[: (n // world_size) * world_size]
-    return order[rank::world_size]
+    return np.ascontiguousarray(order[rank::world_size])
 
 
 def _rng(seed: int, epoch: int) -> np.random.Generator:

@@ -16,7 +16,7 @@ from stages.samplers import (CurriculumSampler, ResolutionSchedule, SamplerConfi
 from storage.artifact import open_artifact
 from storage.manifest import ArtifactError
 
-BACKENDS = ["memory", "ffcv", "webdataset"]
+BACKENDS = ["memory", "ffcv", "webdataset", "dali"]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_partition_pad_and_drop_are_explicit():
         partition(order, 3, 3)
 
 
-@pytest.mark.parametrize("backend", ["memory", "webdataset"])
+@pytest.mark.parametrize("backend", ["memory", "webdataset", "dali"])
 def test_resume_mid_epoch_yields_the_same_remaining_batches(art, backend):
     cfg = LoaderConfig(split="train", batch_size=32, backend=backend, workers=1, augment=AugmentSpec.standard(),
                        sampler=SamplerConfig(kind="shuffle", seed=5))
