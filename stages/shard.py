@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -332,9 +332,17 @@ def dataset_fingerprint(src: Source, ingest: IngestConfig, cfg: ShardConfig) -> 
                    cfg.content_fingerprint())
 
 
+ShardMap = Callable[[dict[str, Any], list[dict]], Iterable[dict]]
+
+
 def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
-                  config: ShardConfig | None = None) -> ShardSummary:
-    """Write (or find) the dataset artifact for ``ingest`` under ``out``; see module docstring."""
+                  config: ShardConfig | None = None, map_shards: ShardMap | None = None) -> ShardSummary:
+    """Write (or find) the dataset artifact for ``ingest`` under ``out``; see module docstring.
+
+    ``map_shards(spec, tasks)`` replaces the local process pool for the shard writes: it must
+    return ``write_shard_from_spec(spec, task)`` for every task, in order, run wherever it likes
+    (a Prefect task runner, a Dask cluster whose workers see the same filesystem paths).
+    """
     t0 = time.perf_counter()
     cfg = config or ShardConfig()
     ingest = IngestConfig(source=ingest) if isinstance(ingest, str) else ingest
@@ -364,8 +372,12 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
         ffcv = _FfcvJob(work, good, src, cfg, ncls, shape, workers)
         ffcv.start(background=bool(tasks) and workers > 1)
         try:
-            results = list(_run_pool(_write_shard, tasks, workers, lambda t: len(t["items"]),
-                                     cfg.progress, "writing shards"))
+            if map_shards is not None and tasks:
+                spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json")}
+                results = list(map_shards(spec, tasks))
+            else:
+                results = list(_run_pool(_write_shard, tasks, workers, lambda t: len(t["items"]),
+                                         cfg.progress, "writing shards"))
         finally:
             ffcv.finish()
         manifest = _finish(root, work, src, ingest, cfg, fp, good, bad, shape, results, ncls, workers)
@@ -383,6 +395,28 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
     _point_latest(out, version)
     written = sum(1 for r in results if not r["reused"])
     return ShardSummary(root, manifest, False, time.perf_counter() - t0, written, len(results) - written)
+
+
+_OPENED: dict[str, Source] = {}
+
+
+def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
+    """Write one planned shard in any process: the source is opened once per process from the
+    spec (so a remote worker needs the same paths), then the shard is written as usual."""
+    ingest = IngestConfig.model_validate(spec["ingest"])
+    cfg = ShardConfig.model_validate(spec["shard"])
+    key = ingest.model_dump_json()
+    if key not in _OPENED:
+        _OPENED.clear()
+        _OPENED[key] = open_source(ingest)
+    src = _OPENED[key]
+    saved = dict(_JOB)
+    _JOB.update(src=src, cfg=cfg, num_classes=src.num_classes())
+    try:
+        return _write_shard(task)
+    finally:
+        _JOB.clear()
+        _JOB.update(saved)
 
 
 def _scan(plan, work: Path, cfg: ShardConfig, workers: int):
