@@ -25,13 +25,58 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pipeline_config(args: argparse.Namespace, base: dict | None = None):
+    from flows.config import load_config
+    from flows.config_model import PipelineConfig
+    base = dict(base or {})
+    if getattr(args, "data_root", None):
+        base["data_root"] = args.data_root
+    return load_config(PipelineConfig, args.config, args.overrides, base=base)
+
+
+def _print_outcome(cfg, result: dict) -> None:
+    from storage.registry import Registry
+    reg = Registry(cfg.registry_dir())
+    champ = reg.champion()
+    p = result["promotion"]
+    print("\n" + "=" * 72)
+    print(f"dataset artifact : {result['dataset']['root']}")
+    if result.get("il"):
+        print(f"IL scores        : {result['il']['path']}")
+    print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl, torchrun.log)")
+    print(f"model registry   : {reg.root}")
+    print(f"candidate        : {p['model_id']} test accuracy {p['candidate_value']:.4f} -> "
+          f"{'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
+    if champ:
+        print(f"champion         : {champ.model_id} test accuracy {champ.value:.4f}")
+    print("=" * 72)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import flows.nightly as fl
+    cfg = _pipeline_config(args)
+    fn = {"nightly": fl.nightly, "prepare": fl.prepare, "train": fl.train}[args.flow]
+    result = fn(cfg)
+    if args.flow == "prepare":
+        print(f"dataset artifact: {result['root']} ({'reused' if result['reused'] else 'written'})")
+    else:
+        _print_outcome(cfg, result)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from stages.shard import PrepareConfig, shard_dataset
-    out = Path(args.out)
-    cfg = PrepareConfig()
-    print(f"Sluice demo: sharding Fashion-MNIST into {out.resolve()}", flush=True)
-    summary = shard_dataset(cfg.ingest, out / "fashion-mnist", cfg.shard)
-    print(summary.format())
+    cfg = _pipeline_config(args)
+    print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard -> irreducible loss -> train with "
+          f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.nproc} ranks -> "
+          f"evaluate -> promote), data under {Path(cfg.data_root).resolve()}", flush=True)
+    import flows.nightly as fl
+    _print_outcome(cfg, fl.nightly(cfg))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from storage.registry import Registry
+    print(Registry(Path(args.data_root) / "registry").format_list())
     return 0
 
 
@@ -39,9 +84,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="Data-centric, efficient training pipelines.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="run the main job on the bundled Fashion-MNIST data")
-    d.add_argument("--out", default=DEFAULT_DATA, help=f"data directory (default: {DEFAULT_DATA})")
+    d = sub.add_parser("demo", help="run the whole nightly pipeline on the bundled Fashion-MNIST data",
+                       description="Runs the nightly-retrain flow through Prefect's embedded local API "
+                                   "(no server to start) with the default pipeline config.")
+    d.add_argument("--data-root", default=DEFAULT_DATA, help=f"data directory (default: {DEFAULT_DATA})")
+    _add_config_args(d)
     d.set_defaults(fn=cmd_demo)
+
+    r = sub.add_parser("run", help="run a flow: nightly, prepare or train",
+                       description="Run a Sluice flow in this process (Prefect's embedded API, or the server "
+                                   "named by PREFECT_API_URL).")
+    r.add_argument("flow", choices=["nightly", "prepare", "train"])
+    r.add_argument("--data-root", default=None, help="overrides data_root")
+    _add_config_args(r)
+    r.set_defaults(fn=cmd_run)
+
+    t = sub.add_parser("train", help="train and promote on the current dataset (the train flow)")
+    t.add_argument("--data-root", default=None, help="overrides data_root")
+    _add_config_args(t)
+    t.set_defaults(fn=cmd_run, flow="train")
+
+    m = sub.add_parser("models", help="the model registry")
+    msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    ml = msub.add_parser("list", help="every registered model; * marks the champion")
+    ml.add_argument("--data-root", default=DEFAULT_DATA)
+    ml.set_defaults(fn=cmd_models)
 
     s = sub.add_parser("shard", help="write a source as a versioned dataset artifact",
                        description="Shard SOURCE (fashion-mnist, an IDX dir, an image folder, an .npz, or "
@@ -59,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     from flows.config import ConfigError
     from stages.errors import SluiceError
     from storage.atomic import StorageError
+    from storage.registry import RegistryError
     try:
         return args.fn(args)
-    except (SluiceError, ConfigError, StorageError) as e:
+    except (SluiceError, ConfigError, StorageError, RegistryError) as e:
         print(f"sluice {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

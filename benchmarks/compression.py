@@ -1,0 +1,104 @@
+"""Gradient compression and bf16 autocast on 2 DDP ranks (gloo, CPU) on Fashion-MNIST.
+
+Every mode trains the same SmallCNN for the same number of steps from the same seed, through
+``stages.launch`` (real torchrun, 2 processes on 127.0.0.1), and reports bytes all-reduced per
+step (whole run, and the steady state after PowerSGD's plain warm-up), seconds per step and final
+test accuracy. ``--quick`` trains on a slice for a few hundred steps (~3 minutes on 2 cores).
+
+    python -m benchmarks.compression [--quick]
+
+Writes ``benchmarks/results/compression.json`` keyed by mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from stages.launch import launch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "compression.json"
+
+
+def modes(start_iter: int) -> dict[str, dict[str, Any]]:
+    """Config overrides per benchmark key."""
+    psgd = {"mode": "powersgd", "start_iter": start_iter, "error_feedback": True, "warm_start": True}
+    return {
+        "none": {"comm": {"mode": "none"}},
+        "fp16": {"comm": {"mode": "fp16"}},
+        "powersgd_rank1": {"comm": {**psgd, "powersgd_rank": 1}},
+        "powersgd_rank2": {"comm": {**psgd, "powersgd_rank": 2}},
+        "powersgd_rank4": {"comm": {**psgd, "powersgd_rank": 4}},
+        "bf16_autocast": {"comm": {"mode": "none"}, "amp": "bf16"},
+        # extra: PowerSGD sending fp16 (half the bytes again)
+        "powersgd_rank1_fp16": {"comm": {**psgd, "powersgd_rank": 1, "powersgd_dtype": "fp16"}},
+        "powersgd_rank2_fp16": {"comm": {**psgd, "powersgd_rank": 2, "powersgd_dtype": "fp16"}},
+    }
+
+
+def run(quick: bool, only: list[str] | None = None,
+        steps: int | None = None) -> dict[str, dict[str, Any]]:
+    steps = steps or (120 if quick else 1200)
+    base = {"model": "small_cnn", "model_kwargs": {"width": 32}, "max_steps": steps,
+            "batch_size": 64 if quick else 128, "lr": 0.1, "schedule": "onecycle", "warmup_fraction": 0.15,
+            "weight_decay": 5e-4, "seed": 0, "progress": False, "torch_threads": 1,
+            "log_every_steps": 1}
+    train_spec = {"kind": "arrays", "path": "fashion-mnist:train"}
+    test_spec = {"kind": "arrays", "path": "fashion-mnist:test", "batch_size": 500}
+    if quick:
+        test_spec["limit"] = 5000
+    out: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
+        for key, over in modes(start_iter=10 if quick else 50).items():
+            if only and key not in only:
+                continue
+            t0 = time.time()
+            r = launch({**base, **over}, train_spec, test_spec, nproc=2,
+                       out_dir=Path(tmp) / key, on_line=lambda line: None, timeout_s=1200)
+            s = r.summary
+            ms = r.metrics[5:]  # skip the first steps (allocations, DDP bucket rebuild)
+            out[key] = {
+                "bytes_per_step": s["bytes_per_step"],
+                "bytes_per_step_steady": s.get("bytes_per_step_compressed_phase",
+                                               s["bytes_per_step"]),
+                "uncompressed_bytes": s["uncompressed_bytes"],
+                "seconds_per_step": sum(m["step_s"] for m in ms) / len(ms),
+                "final_acc": r.final_acc, "steps": r.steps,
+                "data_wait_frac": s["data_wait_frac"], "wall_s": time.time() - t0,
+                "config": over}
+            print(f"  {key}: acc {r.final_acc:.4f} in {time.time() - t0:.0f}s", flush=True)
+    return out
+
+
+def table(res: dict[str, dict[str, Any]]) -> str:
+    full = res.get("none", next(iter(res.values())))["uncompressed_bytes"]
+    base_acc = res.get("none", {}).get("final_acc")
+    rows = [f"{'mode':16} {'bytes/step':>11} {'steady':>9} {'ratio':>7} {'s/step':>8} "
+            f"{'acc':>7} {'Δacc':>7}"]
+    for k, v in res.items():
+        d = "" if base_acc is None else f"{100 * (v['final_acc'] - base_acc):+.2f}"
+        rows.append(f"{k:16} {v['bytes_per_step']:11.0f} {v['bytes_per_step_steady']:9.0f} "
+                    f"{full / v['bytes_per_step_steady']:6.1f}x {v['seconds_per_step']:8.4f} "
+                    f"{v['final_acc']:7.4f} {d:>7}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a slice and fewer steps (~3 min)")
+    ap.add_argument("--only", nargs="*", help="run only these modes")
+    ap.add_argument("--steps", type=int, help="override the step budget")
+    ap.add_argument("--out", default=str(RESULTS))
+    a = ap.parse_args(argv)
+    res = run(a.quick, a.only, a.steps)
+    print(table(res))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Sample selection on noisy Fashion-MNIST: steps and seconds to target accuracy.
+
+    python -m benchmarks.selection [--quick]
+
+Uniform label noise (10% and 20%) is injected into the whole train file, so the holdout split
+(for the irreducible-loss model) is as noisy as the train split, as a user's would be. Every
+method trains the same small CNN with the same optimizer and trained batch ``n_b``; they
+differ only in which samples fill the batch:
+
+* ``uniform``: ``n_b`` shuffled samples (plain training, no scoring pass);
+* ``loss`` / ``rho_loss``: top ``n_b`` of ``n_B`` shuffled candidates by loss / reducible loss;
+* ``selective_backprop``: ``n_b`` of ``sb_nB`` candidates by percentile keep probability;
+* ``importance``: ``n_b`` drawn by loss-proportional probabilities, loss weighted 1/(N p).
+
+Seconds count training and selection only (evaluation excluded). The IL model's cost is
+reported on its own line. Writes ``benchmarks/results/selection.json`` (per noise level and
+method: steps_to_target, seconds_to_target for the higher target, final_acc at the step
+budget), ``selection_details.json`` (curves, per-seed figures, settings) and ``selection.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stages.ingest import read_idx
+from stages.models import build_model
+from stages.select import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
+                           irreducible_loss_scores)
+from storage.atomic import write_json
+from storage.fingerprint import combine, hash_files, hash_obj
+
+DATA = Path("/usr/share/datasets/fashion-mnist")
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ["uniform", "loss", "rho_loss", "selective_backprop", "importance"]
+MEAN, STD = 0.2860, 0.3530
+
+
+def load_fmnist():
+    """uint8 train/test images and labels, plus a content fingerprint of the files."""
+    files = [DATA / f"{p}-{k}-idx{d}-ubyte.gz" for p in ("train", "t10k")
+             for k, d in (("images", 3), ("labels", 1))]
+    arrays = [read_idx(f) for f in files]
+    return arrays, hash_files(files)
+
+
+def normalise(x: np.ndarray) -> torch.Tensor:
+    return ((torch.from_numpy(np.array(x)).float() / 255.0 - MEAN) / STD).unsqueeze(1)
+
+
+@torch.no_grad()
+def accuracy(model, x: torch.Tensor, y: torch.Tensor, bs: int = 2000) -> float:
+    model.eval()
+    hits = sum(int((model(x[s:s + bs]).argmax(1) == y[s:s + bs]).sum()) for s in range(0, len(x), bs))
+    model.train()
+    return hits / len(x)
+
+
+class Stream:
+    """Epoch-wise shuffled indices, handed out ``k`` at a time (no sample repeats in an epoch)."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.g, self.buf = n, torch.Generator().manual_seed(seed), torch.empty(0, dtype=torch.long)
+
+    def take(self, k: int) -> torch.Tensor:
+        while self.buf.numel() < k:
+            self.buf = torch.cat([self.buf, torch.randperm(self.n, generator=self.g)])
+        out, self.buf = self.buf[:k], self.buf[k:]
+        return out
+
+
+def run_method(method: str, a: argparse.Namespace, data: dict, il, noise_mask, seed: int) -> dict:
+    """Train one method for ``a.steps`` steps; returns its accuracy curve and timings."""
+    torch.manual_seed(seed)
+    x, y, ex, ey = data["x"], data["y"], data["eval_x"], data["eval_y"]
+    model = build_model("small_cnn", in_channels=1, num_classes=10, width=a.width)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd)
+    n_cand = {"uniform": a.nb, "importance": a.nb, "selective_backprop": a.sb_nB}.get(method, a.nB)
+    cfg = SelectionConfig(method="none" if method == "uniform" else method, n_select=a.nb,
+                          seed=seed, smoothing=a.smoothing, score_mode=a.score_mode)
+    sel = build_selector(cfg, il, candidate_size=n_cand, split_size=len(y), noise_mask=noise_mask)
+    stream = Stream(len(y), seed)
+    curve, train_s, cpu_s, noisy, n_sel = [], 0.0, 0.0, 0.0, 0.0
+    model.train()
+    for step in range(1, a.steps + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        idx = (torch.as_tensor(sel.sampler.sample(n_cand)) if method == "importance"
+               else stream.take(n_cand))
+        bx, by = x[idx], y[idx]
+        if sel is None:
+            weights, bidx = None, idx
+            noisy += float(noise_mask[idx.numpy()].sum())
+        else:
+            b = sel(model, bx, by, idx)
+            bx, by, bidx, weights = b.images, b.labels, b.indices, b.weights
+            noisy += b.stats.get("sel_noisy", 0.0)
+        n_sel += len(bidx)
+        per = F.cross_entropy(model(bx), by, reduction="none")
+        loss = (per * weights).mean() if weights is not None else per.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if sel is not None:
+            sel.observe(bidx, per.detach())
+        train_s += time.perf_counter() - t0
+        cpu_s += time.process_time() - c0
+        if step % a.eval_every == 0 or step == a.steps:
+            curve.append((step, round(train_s, 3), round(accuracy(model, ex, ey), 4),
+                          round(cpu_s, 3)))
+    final = accuracy(model, data["test_x"], data["test_y"])
+    return {"curve": curve, "final_acc": round(final, 4), "seconds": round(train_s, 2),
+            "cpu_seconds": round(cpu_s, 2),
+            "noisy_selected_fraction": round(noisy / max(1.0, n_sel), 4)}
+
+
+def first_reach(curve: list, target: float) -> tuple[int | None, float | None, float | None]:
+    """(step, wall seconds, CPU seconds) of the first evaluation at or above ``target``."""
+    for step, secs, acc, cpu in curve:
+        if acc >= target:
+            return step, secs, cpu
+    return None, None, None
+
+
+def summarise(runs: list[dict], targets: list[float]) -> dict:
+    """Mean over seeds; a target counts as reached only if every seed reached it."""
+    out: dict = {"final_acc": round(statistics.mean(r["final_acc"] for r in runs), 4)}
+    for t in targets:
+        hits = [first_reach(r["curve"], t) for r in runs]
+        ok = all(h[0] is not None for h in hits)
+        out[f"steps_to_{t}"] = round(statistics.mean(h[0] for h in hits)) if ok else None
+        out[f"seconds_to_{t}"] = round(statistics.mean(h[1] for h in hits), 2) if ok else None
+        out[f"cpu_seconds_to_{t}"] = round(statistics.mean(h[2] for h in hits), 2) if ok else None
+    hi = max(targets)
+    out["steps_to_target"], out["seconds_to_target"] = out[f"steps_to_{hi}"], out[f"seconds_to_{hi}"]
+    out["noisy_selected_fraction"] = round(statistics.mean(r["noisy_selected_fraction"] for r in runs), 4)
+    out["train_seconds"] = round(statistics.mean(r["seconds"] for r in runs), 2)
+    out["train_cpu_seconds"] = round(statistics.mean(r["cpu_seconds"] for r in runs), 2)
+    return out
+
+
+def prepare(level: float, a: argparse.Namespace, arrays, base_fp: str, scores_root: str):
+    """Noisy train/holdout split for one noise level, and its IL scores (cached artifact)."""
+    (tr_x, tr_y, te_x, te_y) = arrays
+    noise = inject_label_noise(tr_y, level, 10, seed=a.noise_seed)
+    perm = np.random.default_rng(0).permutation(len(tr_y))
+    hold, train = perm[:a.holdout], perm[a.holdout:a.holdout + a.train_size]
+    fp = combine(base_fp, hash_obj({"noise": level, "noise_seed": a.noise_seed,
+                                    "holdout": a.holdout, "train_size": a.train_size}))
+    il_cfg = ILModelConfig(model_kwargs={"width": a.width}, epochs=a.il_epochs, lr=a.il_lr,
+                           batch_size=128, optimizer="adamw")
+    il = irreducible_loss_scores(il_cfg, tr_x[hold], noise.labels[hold], tr_x[train],
+                                 noise.labels[train], fp, scores_root)
+    order = np.random.default_rng(1).permutation(len(te_y))
+    ev, fin = order[:a.eval_size], order[:a.final_size]
+    data = {"x": normalise(tr_x[train]), "y": torch.from_numpy(noise.labels[train]).long(),
+            "test_x": normalise(te_x[fin]), "test_y": torch.from_numpy(te_y[fin].astype(np.int64)),
+            "eval_x": normalise(te_x[ev]), "eval_y": torch.from_numpy(te_y[ev].astype(np.int64))}
+    return data, il, noise.mask[train], fp
+
+
+def plot(curves: dict, path: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install matplotlib): no plot written"
+    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.2), squeeze=False)
+    for ax, (level, by_method) in zip(axes[0], curves.items()):
+        for method, runs in by_method.items():
+            steps = [p[0] for p in runs[0]["curve"]]
+            acc = np.mean([[p[2] for p in r["curve"]] for r in runs], axis=0)
+            ax.plot(steps, acc, label=method)
+        ax.set(title=f"Fashion-MNIST, {float(level):.0%} label noise", xlabel="gradient steps",
+               ylabel="test accuracy (eval subset)")
+        ax.set_ylim(0.6, 0.95)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return None
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="1 seed, 200 steps, smaller split, targets 0.8/0.85 (~3 min on 2 cores)")
+    p.add_argument("--seeds", type=int)
+    p.add_argument("--steps", type=int, help="gradient-step budget per run")
+    p.add_argument("--levels", type=float, nargs="+", default=[0.1, 0.2])
+    p.add_argument("--targets", type=float, nargs="+",
+                   help="accuracy targets (default 0.85 0.88; --quick: 0.8 0.85)")
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--nb", type=int, default=64, help="trained batch n_b (all methods)")
+    p.add_argument("--nB", type=int, default=320, help="candidates n_B for loss / rho_loss")
+    p.add_argument("--sb-nB", dest="sb_nB", type=int, default=128,
+                   help="candidates for selective backprop (keeps ~1/(1+beta) of them)")
+    p.add_argument("--score-mode", choices=["train", "eval"], default="train")
+    p.add_argument("--width", type=int, default=16, help="small_cnn width (same for all)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--wd", type=float, default=0.01)
+    p.add_argument("--smoothing", type=float, default=0.5, help="importance sampling")
+    p.add_argument("--holdout", type=int, help="holdout samples for the IL model")
+    p.add_argument("--train-size", dest="train_size", type=int)
+    p.add_argument("--il-epochs", dest="il_epochs", type=int)
+    p.add_argument("--il-lr", dest="il_lr", type=float, default=2e-3)
+    p.add_argument("--eval-every", dest="eval_every", type=int)
+    p.add_argument("--eval-size", dest="eval_size", type=int, help="test samples per curve point")
+    p.add_argument("--final-size", dest="final_size", type=int, help="test samples for final_acc")
+    p.add_argument("--noise-seed", dest="noise_seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per process (1 is steadiest on shared cores)")
+    p.add_argument("--jobs", type=int, default=2, help="noise levels run in parallel processes")
+    p.add_argument("--scores-root", dest="scores_root", help="reuse IL scores across runs")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    a = p.parse_args(argv)
+    quick = dict(seeds=1, steps=200, holdout=3000, train_size=12000, il_epochs=3, eval_every=20,
+                 eval_size=1000, final_size=4000, targets=[0.8, 0.85])
+    full = dict(seeds=2, steps=1000, holdout=10000, train_size=50000, il_epochs=5, eval_every=50,
+                eval_size=3000, final_size=10000, targets=[0.85, 0.88])
+    for k, v in (quick if a.quick else full).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    return a
+
+
+def run_level(level: float, a: argparse.Namespace, scores_root: str) -> tuple[str, dict]:
+    """Every method and seed at one noise level (runs in its own process with ``--jobs``)."""
+    torch.set_num_threads(a.threads)
+    arrays, base_fp = load_fmnist()
+    data, il, mask, fp = prepare(level, a, arrays, base_fp, scores_root)
+    cost = il.extra
+    print(f"[noise {level:.0%}] IL model: train {cost['train_seconds']:.1f}s on "
+          f"{cost['holdout_size']} holdout samples + score {cost['score_seconds']:.1f}s on "
+          f"{len(il)} train samples (holdout acc {cost['holdout_accuracy']:.3f}, "
+          f"reused={cost['reused']})", flush=True)
+    runs: dict = {m: [] for m in a.methods}
+    for seed in range(a.seeds):
+        for m in a.methods:
+            r = run_method(m, a, data, il.values, mask, seed)
+            runs[m].append(r)
+            print(f"[noise {level:.0%}] seed {seed} {m:>18}: final {r['final_acc']:.4f}  "
+                  f"{r['seconds']:.1f}s wall {r['cpu_seconds']:.1f}s cpu  "
+                  f"noisy-selected {r['noisy_selected_fraction']:.3f}", flush=True)
+    return str(level), {"il_cost": cost, "fingerprint": fp,
+                        "summary": {m: summarise(runs[m], a.targets) for m in a.methods},
+                        "runs": runs}
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    t_start = time.perf_counter()
+    scores_root = a.scores_root or tempfile.mkdtemp(prefix="sluice-bench-scores-")
+    if a.jobs > 1 and len(a.levels) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(a.jobs, len(a.levels)), mp_context=mp.get_context("spawn")) as ex:
+            done = list(ex.map(run_level, a.levels, [a] * len(a.levels), [scores_root] * len(a.levels)))
+    else:
+        done = [run_level(level, a, scores_root) for level in a.levels]
+    levels = dict(done)
+    keep = ("steps_to_target", "seconds_to_target", "final_acc")
+    results = {k: {m: {f: s[f] for f in keep} for m, s in d["summary"].items()}
+               for k, d in levels.items()}
+    details = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+               "levels": levels, "total_seconds": round(time.perf_counter() - t_start, 1)}
+    a.out.mkdir(parents=True, exist_ok=True)
+    write_json(a.out / "selection.json", results)
+    write_json(a.out / "selection_details.json", details)
+    note = plot({k: d["runs"] for k, d in levels.items()}, a.out / "selection.png")
+    print_table(details, a)
+    if note:
+        print(note)
+    print(f"total {details['total_seconds']}s; wrote {a.out / 'selection.json'}")
+    return results
+
+
+def print_table(details: dict, a: argparse.Namespace) -> None:
+    lo, hi = min(a.targets), max(a.targets)
+    print(f"\nn_b={a.nb}, n_B={a.nB} (loss/rho_loss), sb n_B={a.sb_nB}, steps={a.steps}, "
+          f"seeds={a.seeds}, small_cnn width {a.width}, AdamW lr {a.lr}")
+    print(f"{'noise':>5} {'method':>18} {'steps@' + str(lo):>11} {'secs@' + str(lo):>10} "
+          f"{'steps@' + str(hi):>11} {'secs@' + str(hi):>10} {'cpu@' + str(hi):>9} {'final':>7} "
+          f"{'noisy sel':>9}")
+    for level, d in details["levels"].items():
+        c = d["il_cost"]
+        print(f"{level:>5} {'IL model (once)':>18}  train {c['train_seconds']}s + score "
+              f"{c['score_seconds']}s")
+        for m, s in d["summary"].items():
+            f = lambda v: "-" if v is None else str(v)  # noqa: E731
+            print(f"{level:>5} {m:>18} {f(s[f'steps_to_{lo}']):>11} {f(s[f'seconds_to_{lo}']):>10} "
+                  f"{f(s[f'steps_to_{hi}']):>11} {f(s[f'seconds_to_{hi}']):>10} "
+                  f"{f(s[f'cpu_seconds_to_{hi}']):>9} "
+                  f"{s['final_acc']:>7.4f} {s['noisy_selected_fraction']:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The pipeline config: one pydantic model composed of the stage configs.
+
+It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a Prefect
+``--params``/``--param`` and a Python call all take this same shape.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages.augment import AugmentSpec, Flip, RandomResizedCrop, Translate
+from stages.loader import LoaderConfig
+from stages.select import SelectionConfig
+from stages.shard import PrepareConfig
+from stages.train import CommConfig, TrainConfig
+
+
+class PromotionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metric: str = "test_acc"
+    eval_split: str = "test"
+    margin: float = Field(0.0, ge=0, description="a candidate must beat the champion by more than this")
+
+
+def _default_train() -> TrainConfig:
+    return TrainConfig(epochs=4, batch_size=128, lr=0.2, schedule="onecycle", amp="bf16",
+                       normalize_mean=[0.2860], normalize_std=[0.3530],
+                       comm=CommConfig(mode="powersgd", powersgd_rank=2, start_iter=10), progress=True)
+
+
+def _default_augment() -> AugmentSpec:
+    return AugmentSpec(ops=[Translate(pad=2), Flip()])
+
+
+class PipelineConfig(BaseModel):
+    """Everything the nightly pipeline does, stage by stage."""
+    model_config = ConfigDict(extra="forbid")
+    data_root: str = Field("sluice-data", description="datasets, scores, runs and the model registry live here")
+    dataset_name: str = "fashion-mnist"
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    augment: AugmentSpec = Field(default_factory=_default_augment,
+                                 description="training augmentation; normalisation is added from train.normalize_*")
+    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(backend="auto", prefetch=2))
+    selection: SelectionConfig = Field(default_factory=lambda: SelectionConfig(method="rho_loss", ratio=0.5))
+    train: TrainConfig = Field(default_factory=_default_train)
+    promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    nproc: int = Field(2, ge=1, description="training processes (torchrun ranks) on this machine")
+    prepare_runner: str = Field("local", pattern=r"^(local|threads|processes|dask://[^\s]+)$",
+                                description="where shard writes run: local (the stage's own process pool), "
+                                            "threads or processes (Prefect task runners), or "
+                                            "dask://host:port (a Dask cluster via prefect-dask; workers must "
+                                            "see the same paths)")
+    train_timeout_s: float = Field(3600, gt=0)
+
+    # where things live
+    def dataset_dir(self) -> Path:
+        return Path(self.data_root) / "datasets" / self.dataset_name
+
+    def scores_dir(self) -> Path:
+        return Path(self.data_root) / "scores"
+
+    def registry_dir(self) -> Path:
+        return Path(self.data_root) / "registry"
+
+    def runs_dir(self) -> Path:
+        return Path(self.data_root) / "runs"

@@ -1,0 +1,259 @@
+"""Prefect flows: ``prepare`` (ingest → shard), ``train`` (IL scores → train → evaluate → promote)
+and ``nightly-retrain`` (both; the deployment entry point). Flows only chain tasks; each task is a
+thin call into ``stages``/``storage``.
+
+Caching survives across runs: the shard and IL tasks are keyed on content fingerprints (source
+bytes + config; dataset fingerprint + IL config) with results persisted, and the stages themselves
+are idempotent on the same keys, so unchanged data re-uses the dataset and the scores even if
+Prefect's cache is gone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.context import FlowRunContext  # noqa: E402
+
+from flows.config_model import PipelineConfig  # noqa: E402
+from flows.report import data_uri, markdown_summary, svg_curves  # noqa: E402
+from storage.fingerprint import combine, hash_obj  # noqa: E402
+
+
+def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
+    return config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config or {})
+
+
+# ------------------------------------------------------------------ cache keys
+
+def _shard_key(_ctx, params: dict[str, Any]) -> str | None:
+    """Source content + config + output place; no key (no caching) when the source cannot be
+    read, so the task itself runs and fails with its clear message."""
+    from stages.ingest import open_source
+    from stages.shard import PrepareConfig, dataset_fingerprint
+    try:
+        cfg = PrepareConfig.model_validate(params["prepare"])
+        fp = dataset_fingerprint(open_source(cfg.ingest), cfg.ingest, cfg.shard)
+    except Exception:  # noqa: BLE001
+        return None
+    return f"shard-{combine(fp, str(Path(params['out']).resolve()))}"
+
+
+def _il_key(_ctx, params: dict[str, Any]) -> str | None:
+    return f"il-{combine(params['fingerprint'], hash_obj(params['selection'].get('il', {})), str(Path(params['scores_root']).resolve()))}"
+
+
+# ------------------------------------------------------------------ tasks
+
+def _dataset_info(s) -> dict[str, Any]:
+    """What later tasks need to know of a dataset version (plain data, cacheable)."""
+    m = s.manifest
+    return {"root": s.root, "fingerprint": m.fingerprint, "counts": m.counts(), "quarantined": m.quarantined,
+            "reused": s.reused, "seconds": s.seconds, "num_classes": m.fields.label.num_classes,
+            "channels": (m.fields.image.shape or (0, 0, 3))[2]}
+
+
+@task(name="shard", cache_key_fn=_shard_key, persist_result=True, retries=1, retry_delay_seconds=5,
+      timeout_seconds=6 * 3600)
+def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
+    from stages.shard import PrepareConfig, shard_dataset
+    cfg = PrepareConfig.model_validate(prepare)
+    s = shard_dataset(cfg.ingest, out, cfg.shard)
+    get_run_logger().info("\n" + s.format())
+    return _dataset_info(s)
+
+
+@task(name="write-shard", retries=2, retry_delay_seconds=2)
+def write_shard_task(spec: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
+    from stages.shard import write_shard_from_spec
+    return write_shard_from_spec(spec, shard)
+
+
+def _task_runner(name: str):
+    import os as _os
+    if name == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+        return ThreadPoolTaskRunner(max_workers=_os.cpu_count() or 1)
+    if name == "processes":
+        from prefect.task_runners import ProcessPoolTaskRunner
+        return ProcessPoolTaskRunner(max_workers=_os.cpu_count() or 1)
+    if name.startswith("dask://"):
+        from stages.errors import require
+        require("prefect_dask", "prefect-dask", "running the shard map on a Dask cluster")
+        from prefect_dask import DaskTaskRunner
+        return DaskTaskRunner(address="tcp://" + name[len("dask://"):])
+    raise ValueError(f"unknown task runner {name!r}")
+
+
+@task(name="irreducible-loss", cache_key_fn=_il_key, persist_result=True, retries=1, retry_delay_seconds=5,
+      timeout_seconds=6 * 3600)
+def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str) -> dict[str, Any]:
+    from stages.loader import load_arrays
+    from stages.select import SelectionConfig
+    from stages.select_il import irreducible_loss_scores
+    t0 = time.perf_counter()
+    cfg = SelectionConfig.model_validate(selection)
+    hx, hy = load_arrays(root, "holdout")
+    tx, ty = load_arrays(root, "train")
+    s = irreducible_loss_scores(cfg.il, hx, hy, tx, ty, fingerprint, scores_root)
+    get_run_logger().info(f"irreducible loss {'reused' if s.extra.get('reused') else 'computed'}: {s.path}")
+    return {"path": s.path, "wall_s": time.perf_counter() - t0,
+            **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
+
+
+@task(name="train", retries=1, retry_delay_seconds=10)
+def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
+    """torchrun with ``nproc`` ranks; a retry resumes from the run's last checkpoint."""
+    from stages.augment import AugmentSpec, Normalize
+    from stages.launch import launch
+    from stages.samplers import SamplerConfig
+    from stages.select import SelectionConfig
+    t0 = time.perf_counter()
+    c = PipelineConfig.model_validate(cfg)
+    log = get_run_logger()
+    norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
+    train_aug = AugmentSpec(ops=[*c.augment.ops, norm], channels_last=c.augment.channels_last)
+    sel = SelectionConfig.model_validate(c.selection)
+    n_b = c.train.batch_size
+    n_big = n_b if sel.method == "none" else max(n_b, round(n_b / sel.ratio)) if sel.n_select is None else n_b
+    if sel.method != "none" and sel.n_select is None:
+        sel = sel.model_copy(update={"n_select": n_b})
+    # Full candidate batches only: a short last batch would give ranks unequal work under selection.
+    loader = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "augment": train_aug,
+                                         "drop_last": True})
+    eval_loader = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500,
+                                              "augment": AugmentSpec(ops=[norm]), "drop_last": False,
+                                              "sampler": SamplerConfig(kind="sequential")})
+    selector = None
+    if sel.method != "none":
+        selector = {"factory": "stages.select_spec:make_selector",
+                    "kwargs": {"selection": sel.model_dump(mode="json"), "candidate_size": n_big,
+                               "split_size": data["counts"]["train"], "fingerprint": data["fingerprint"],
+                               "il_scores": il["path"] if il else None}}
+    tcfg = c.train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
+                                      "progress": False})
+    result = launch(tcfg, {"kind": "artifact", "root": data["root"], "loader": loader.model_dump(mode="json")},
+                    {"kind": "artifact", "root": data["root"], "loader": eval_loader.model_dump(mode="json")},
+                    nproc=c.nproc, out_dir=run_dir,
+                    timeout_s=c.train_timeout_s, selector=selector, on_line=lambda line: log.info(line.rstrip()))
+    return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
+            "wall_s": time.perf_counter() - t0,
+            "summary": result.summary, "evals": result.evals, "metrics_path": str(Path(run_dir) / "metrics.jsonl")}
+
+
+@task(name="evaluate-and-promote")
+def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    from stages.evaluate import evaluate_checkpoint
+    from storage.registry import Registry
+    t0 = time.perf_counter()
+    c = PipelineConfig.model_validate(cfg)
+    split = c.promotion.eval_split
+    if not trained.get("checkpoint"):
+        raise RuntimeError("training produced no checkpoint; nothing to evaluate")
+    cand = evaluate_checkpoint(trained["checkpoint"], data["root"], split)
+    reg = Registry(c.registry_dir())
+    eval_split = f"{data['fingerprint'][:16]}/{split}"
+    rec = reg.register(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
+                       metric=c.promotion.metric, value=cand["acc"], metrics={"test": cand, **trained["summary"]},
+                       config=c.model_dump(mode="json"), run=run)
+    champ = reg.champion()
+    now = None
+    if champ is not None and champ.eval_split != eval_split:
+        now = evaluate_checkpoint(reg.checkpoint_path(champ), data["root"], split)["acc"]
+    decision = reg.promote_if_better(rec, margin=c.promotion.margin, champion_value_now=now)
+    get_run_logger().info(f"candidate {rec.model_id}: {decision.reason} -> "
+                          f"{'PROMOTED' if decision.promoted else 'not promoted'}")
+    return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "wall_s": time.perf_counter() - t0}
+
+
+@task(name="report")
+def report_task(summary: dict[str, Any], metrics_path: str) -> str:
+    loss, acc = [], []
+    if Path(metrics_path).exists():
+        for line in Path(metrics_path).read_text().splitlines():
+            rec = json.loads(line)
+            if "eval" in rec:
+                acc.append((rec["eval"]["step"], rec["eval"]["acc"]))
+            elif "loss" in rec and "step" in rec:
+                loss.append((rec["step"], rec["loss"]))
+    uri = data_uri(svg_curves({"train loss": loss}, "training loss", y_label="loss"))
+    uri_acc = data_uri(svg_curves({"eval accuracy": acc}, "evaluation accuracy", y_label="accuracy")) if acc else None
+    md = markdown_summary({**summary, "curves_uri": uri})
+    if uri_acc:
+        md += f"\n![evaluation accuracy]({uri_acc})\n"
+    create_markdown_artifact(markdown=md, key="nightly-summary", description="Sluice nightly run summary")
+    return md
+
+
+# ------------------------------------------------------------------ flows
+
+def _run_info() -> dict[str, Any]:
+    ctx = FlowRunContext.get()
+    if ctx and ctx.flow_run:
+        return {"flow_run_id": str(ctx.flow_run.id), "flow_run_name": ctx.flow_run.name}
+    return {}
+
+
+@flow(name="prepare-distributed", log_prints=True)
+def _prepare_on_runner(config: dict[str, Any]) -> dict[str, Any]:
+    """The shard map as Prefect tasks on this flow's task runner (set by ``prepare``)."""
+    from prefect.utilities.annotations import unmapped
+    from stages.shard import shard_dataset
+    c = _config(config)
+
+    def on_runner(spec: dict[str, Any], shards: list[dict]) -> list[dict]:
+        return [f.result() for f in write_shard_task.map(unmapped(spec), shards)]
+    s = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard, map_shards=on_runner)
+    get_run_logger().info("\n" + s.format())
+    return _dataset_info(s)
+
+
+@flow(name="prepare", log_prints=True)
+def prepare(config: PipelineConfig | None = None) -> dict[str, Any]:
+    """Ingest and shard the source into a (possibly already existing) dataset version."""
+    c = _config(config)
+    if c.prepare_runner != "local":
+        runner = _task_runner(c.prepare_runner)
+        return _prepare_on_runner.with_options(task_runner=runner)(c.model_dump(mode="json"))
+    args = (c.prepare.model_dump(mode="json"), str(c.dataset_dir()))
+    data = shard_task(*args)
+    if not (Path(data["root"]) / "manifest.json").exists():  # cached, but deleted since: redo
+        data = shard_task.with_options(refresh_cache=True)(*args)
+    return data
+
+
+@flow(name="train", log_prints=True)
+def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """IL scores (if selection needs them) → train on torchrun → evaluate → promote."""
+    c = _config(config)
+    data = data or prepare(c)
+    il = None
+    if c.selection.method == "rho_loss":
+        args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()))
+        il = il_task(*args)
+        if not Path(il["path"]).exists():  # cached, but deleted since: recompute
+            il = il_task.with_options(refresh_cache=True)(*args)
+    run = _run_info()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
+    trained = train_task(c.model_dump(mode="json"), data, il, str(run_dir))
+    decision = promote_task(c.model_dump(mode="json"), data, trained, run)
+    summary = {"dataset": data, "il": il, "train": trained["summary"], "promotion": decision,
+               "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
+    report_task(summary, trained["metrics_path"])
+    return {"dataset": data, "il": il, "train": {k: v for k, v in trained.items() if k != "evals"},
+            "promotion": decision, "run_dir": str(run_dir)}
+
+
+@flow(name="nightly-retrain", log_prints=True)
+def nightly(config: PipelineConfig | None = None) -> dict[str, Any]:
+    """The deployment entry point: prepare, then train and promote only a better model."""
+    c = _config(config)
+    data = prepare(c)
+    return train(c, data)

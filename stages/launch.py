@@ -1,0 +1,180 @@
+"""Start training under ``torchrun`` from Python (what the flows call), stream its logs, and
+return rank 0's :class:`~stages.train.TrainResult`.
+
+Single node: a c10d rendezvous on ``127.0.0.1:<free port>`` (loopback only, nothing is exposed).
+Several nodes: every node calls ``launch`` with the same ``rdzv_endpoint`` (node 0's address)
+and ``nnodes``; node 0 hosts the rendezvous. A node that cannot reach the endpoint fails within
+``rdzv_timeout_s`` with an error naming the address. ``max_restarts`` lets torchrun restart all
+workers after one dies (``kill -9``); they resume from the last checkpoint in ``out_dir``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from stages.errors import SluiceError
+from stages.train import FATAL, RESULT, TrainConfig, TrainError, TrainResult
+from storage.atomic import write_json
+
+LOOPBACK = "127.0.0.1"
+
+
+class LaunchError(SluiceError):
+    """torchrun failed: the message carries the workers' error or the tail of their logs."""
+
+
+class RendezvousError(LaunchError):
+    """This node could not reach the rendezvous endpoint in time."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_reachable(host: str, port: int, timeout_s: float) -> None:
+    """Block until ``host:port`` accepts a TCP connection, or raise ``RendezvousError``."""
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, timeout_s)):
+                return
+        except OSError as e:
+            last = e
+            time.sleep(0.5)
+    raise RendezvousError(f"cannot reach the rendezvous at {host}:{port} within {timeout_s:g}s "
+                          f"({last}); is node 0 running and the port open?")
+
+
+def torchrun_command(job: Path, nproc: int, endpoint: str, nnodes: int, max_restarts: int,
+                     run_id: str, rdzv_timeout_s: float) -> list[str]:
+    """The torchrun command line for one node."""
+    host = endpoint.rsplit(":", 1)[0]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+           "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
+           "--rdzv-conf", f"join_timeout={int(rdzv_timeout_s)},read_timeout={int(rdzv_timeout_s)}"]
+    if host in (LOOPBACK, "localhost"):
+        cmd += ["--local-addr", LOOPBACK]
+    return cmd + ["-m", "stages.train", "--job", str(job)]
+
+
+def launch(config: TrainConfig | dict[str, Any], loader_spec: dict[str, Any],
+           eval_spec: dict[str, Any] | None = None, nproc: int = 2, *,
+           out_dir: str | os.PathLike | None = None, nnodes: int = 1, node_rank: int = 0,
+           rdzv_endpoint: str | None = None, rdzv_timeout_s: float = 60.0,
+           max_restarts: int = 0, timeout_s: float | None = None,
+           selector: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+           on_line: Callable[[str], None] | None = None) -> TrainResult:
+    """Run ``stages.train`` under torchrun with ``nproc`` ranks on this node; return rank 0's result.
+
+    ``out_dir`` (default: a new temp directory) receives ``job.json``, ``checkpoints/``,
+    ``metrics.jsonl``, ``result.json`` and ``torchrun.log``; launching again on the same
+    ``out_dir`` resumes from its checkpoint. ``selector`` is ``{"factory": "package.module:fn", "kwargs": {...}}``.
+    """
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.model_validate(config)
+    if nproc < 1 or nnodes < 1:
+        raise ValueError(f"nproc and nnodes must be >= 1, got {nproc}, {nnodes}")
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="sluice-train-"))
+    out.mkdir(parents=True, exist_ok=True)
+    updates: dict[str, Any] = {}
+    if cfg.checkpoint_dir is None:
+        updates["checkpoint_dir"] = str(out / "checkpoints")
+    if cfg.metrics_path is None:
+        updates["metrics_path"] = str(out / "metrics.jsonl")
+    cfg = cfg.model_copy(update=updates)
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ValueError("several nodes need rdzv_endpoint='host:port' (node 0's address)")
+    endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"rdzv_endpoint must be 'host:port', got {endpoint!r}")
+    if node_rank > 0:  # node 0 hosts the store; the others must reach it in bounded time
+        wait_reachable(host, int(port), rdzv_timeout_s)
+    for stale in (FATAL, RESULT):
+        with contextlib.suppress(FileNotFoundError):
+            (out / stale).unlink()
+    job = out / "job.json"
+    write_json(job, {"config": cfg.model_dump(mode="json"), "loader": loader_spec,
+                     "eval": eval_spec, "selector": selector, "out_dir": str(out)})
+    run_id = f"sluice-{uuid.uuid4().hex[:8]}" if nnodes == 1 else f"sluice-{port}"
+    cmd = torchrun_command(job, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
+    rc, tail = _run(cmd, out / "torchrun.log", timeout_s, env, on_line)
+    return _collect(out, rc, tail, endpoint)
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str] | None,
+         on_line: Callable[[str], None] | None) -> tuple[int, list[str]]:
+    """Run torchrun, copy its output to ``log`` and ``on_line`` (default: stdout)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    repo = str(Path(__file__).resolve().parent.parent)  # workers import stages.*
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, full_env.get("PYTHONPATH")) if p)
+    emit = on_line or (lambda s: print(s, end="", flush=True))
+    tail: list[str] = []
+    with open(log, "a") as f, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+            start_new_session=True) as p:
+        watchdog = threading.Timer(timeout_s, _stop, args=(p,)) if timeout_s else None
+        if watchdog is not None:
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            assert p.stdout is not None
+            for line in p.stdout:
+                f.write(line)
+                emit(line)
+                tail = (tail + [line])[-60:]
+            rc = p.wait()
+        except BaseException:  # e.g. KeyboardInterrupt: do not leave workers behind
+            _stop(p)
+            raise
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+        if getattr(p, "_sluice_timed_out", False):
+            raise LaunchError(f"training exceeded timeout_s={timeout_s:g} and was stopped. "
+                              f"Log: {log}")
+    return rc, tail
+
+
+def _stop(p: subprocess.Popen) -> None:
+    """Stop torchrun and its workers (its own process group)."""
+    import signal
+    p._sluice_timed_out = True  # type: ignore[attr-defined]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGTERM)
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def _collect(out: Path, rc: int, tail: list[str], endpoint: str) -> TrainResult:
+    fatal = out / FATAL
+    if fatal.exists():
+        e = json.loads(fatal.read_text())
+        raise TrainError(f"{e['type']} (rank {e['rank']}): {e['message']}")
+    if rc != 0:
+        text = "".join(tail)
+        if "RendezvousTimeoutError" in text or "RendezvousConnectionError" in text:
+            raise RendezvousError(f"rendezvous at {endpoint} failed (not all nodes joined in "
+                                  f"time or the address is unreachable). Log tail:\n{text[-3000:]}")
+        raise LaunchError(f"torchrun exited with code {rc}. Log tail:\n{text[-3000:]}")
+    if not (out / RESULT).exists():
+        raise LaunchError(f"torchrun succeeded but rank 0 wrote no {out / RESULT}")
+    return TrainResult.from_dict(json.loads((out / RESULT).read_text()))

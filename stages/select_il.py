@@ -1,0 +1,194 @@
+"""Irreducible loss (RHO-LOSS, Mindermann et al. 2022): a small model trained on the holdout
+split scores every train sample once; the scores are stored and reused.
+
+A train sample's irreducible loss (IL) is its loss under a model that never trained on it. Its
+training loss minus its IL (the *reducible* loss) is high for points that are learnable and not
+yet learnt, and low for noisy or already-learnt ones. Training the IL model is the expensive
+part, so the array is a scores artifact keyed by the dataset fingerprint and this config.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages.errors import SluiceError
+from stages.models import build_model
+from storage.scores import Scores, find_scores, save_scores
+
+IL_KIND = "irreducible_loss"
+
+
+class SelectionError(SluiceError, ValueError):
+    """Selection cannot run with this input (bad sizes, NaN losses, foreign scores...)."""
+
+
+class ILModelConfig(BaseModel):
+    """How the irreducible-loss model is built and trained; part of the scores' key."""
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str = Field("small_cnn", description="stages.models name or 'pkg.mod:factory'")
+    model_kwargs: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    epochs: int = Field(4, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    batch_size: int = Field(128, ge=1)
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    weight_decay: float = Field(0.01, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD only")
+    seed: int = 0
+    mean: list[float] = Field(default_factory=lambda: [0.2860],
+                              description="per-channel mean for uint8 images (after /255)")
+    std: list[float] = Field(default_factory=lambda: [0.3530])
+    score_batch_size: int = Field(1024, ge=1, description="batch size when scoring; not keyed")
+
+
+def _key(config: ILModelConfig) -> dict:
+    """The config fields that change IL values (scoring batch size does not)."""
+    return config.model_dump(exclude={"score_batch_size"})
+
+
+def to_float_images(images: np.ndarray | torch.Tensor, config: ILModelConfig) -> torch.Tensor:
+    """NCHW float32 images: uint8 is scaled and normalised, float is taken as normalised."""
+    x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images)
+    if x.ndim == 3:
+        x = x.unsqueeze(1)
+    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        x = x.permute(0, 3, 1, 2)
+    if x.ndim != 4:
+        raise SelectionError(f"images must be (N,H,W), (N,C,H,W) or (N,H,W,C); got {tuple(x.shape)}")
+    if x.dtype == torch.uint8:
+        c = x.shape[1]
+        mean = torch.tensor(config.mean * (c if len(config.mean) == 1 else 1)).view(1, -1, 1, 1)
+        std = torch.tensor(config.std * (c if len(config.std) == 1 else 1)).view(1, -1, 1, 1)
+        if mean.shape[1] != c or std.shape[1] != c:
+            raise SelectionError(f"IL config mean/std have {len(config.mean)}/{len(config.std)} "
+                                 f"values for {c}-channel images")
+        return (x.float() / 255.0 - mean) / std
+    return x.float()
+
+
+def _check_labels(labels: np.ndarray, n: int, num_classes: int, what: str) -> torch.Tensor:
+    y = torch.as_tensor(np.asarray(labels)).long().reshape(-1)
+    if y.numel() != n:
+        raise SelectionError(f"{what}: {n} images but {y.numel()} labels")
+    if n and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise SelectionError(f"{what}: labels must lie in [0, {num_classes}), got "
+                             f"[{int(y.min())}, {int(y.max())}]")
+    return y
+
+
+def _optimizer(config: ILModelConfig, params) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Tensor,
+                   num_classes: int, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """Train the IL model on the holdout split (deterministic for a seed on one device)."""
+    torch.manual_seed(config.seed)
+    model = build_model(config.architecture, in_channels=images.shape[1], num_classes=num_classes,
+                        **config.model_kwargs).to(device)
+    opt = _optimizer(config, model.parameters())
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=config.lr, total_steps=config.epochs * -(-len(images) // config.batch_size))
+    gen = torch.Generator().manual_seed(config.seed)
+    model.train()
+    for _ in range(config.epochs):
+        for idx in torch.randperm(len(images), generator=gen).split(config.batch_size):
+            if len(idx) < 2:  # BatchNorm needs two samples in train mode
+                continue
+            loss = F.cross_entropy(model(images[idx].to(device)), labels[idx].to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def per_sample_loss(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                    batch_size: int = 1024, device: str | torch.device = "cpu") -> np.ndarray:
+    """Cross-entropy of every sample under ``model`` in eval mode, as float32."""
+    model.eval()
+    out = []
+    for s in range(0, len(images), batch_size):
+        logits = model(images[s:s + batch_size].to(device)).float()
+        out.append(F.cross_entropy(logits, labels[s:s + batch_size].to(device),
+                                   reduction="none").cpu())
+    return torch.cat(out).numpy().astype(np.float32)
+
+
+def compute_irreducible_loss(config: ILModelConfig, holdout_images: np.ndarray | torch.Tensor,
+                             holdout_labels: np.ndarray, train_images: np.ndarray | torch.Tensor,
+                             train_labels: np.ndarray, fingerprint: str,
+                             scores_root: str | os.PathLike | None = None, *,
+                             num_classes: int | None = None, split: str = "train",
+                             device: str | torch.device = "cpu") -> np.ndarray:
+    """IL of every ``split`` sample (aligned to its index), reused from ``scores_root`` when the
+    dataset fingerprint and IL config match, else trained on the holdout split and stored."""
+    return irreducible_loss_scores(config, holdout_images, holdout_labels, train_images,
+                                   train_labels, fingerprint, scores_root, num_classes=num_classes,
+                                   split=split, device=device).values
+
+
+def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_labels, train_images,
+                            train_labels, fingerprint: str,
+                            scores_root: str | os.PathLike | None = None, *,
+                            num_classes: int | None = None, split: str = "train",
+                            device: str | torch.device = "cpu") -> Scores:
+    """Like ``compute_irreducible_loss`` but returns the Scores record (with its cost in
+    ``extra``: ``train_seconds``, ``score_seconds``, ``reused``)."""
+    n_hold, n_train = len(holdout_labels), len(train_labels)
+    if n_hold == 0:
+        raise SelectionError("the holdout split is empty: RHO-LOSS needs held-out samples to "
+                             "train the irreducible-loss model (set ingest holdout_fraction > 0)")
+    if n_train == 0:
+        raise SelectionError(f"split {split!r} is empty: nothing to score")
+    if len(holdout_images) != n_hold or len(train_images) != n_train:
+        raise SelectionError(f"images/labels length mismatch: holdout {len(holdout_images)}/"
+                             f"{n_hold}, {split} {len(train_images)}/{n_train}")
+    if num_classes is None:
+        num_classes = int(max(np.max(np.asarray(holdout_labels)), np.max(np.asarray(train_labels)))) + 1
+    key = {**_key(config), "num_classes": num_classes}
+    if scores_root is not None:
+        found = find_scores(scores_root, fingerprint=fingerprint, kind=IL_KIND, split=split,
+                            config=key, length=n_train)
+        if found is not None:
+            return Scores(found.values, found.fingerprint, found.kind, found.split, found.config,
+                          found.config_hash, found.created, found.path,
+                          {**found.extra, "reused": True})
+    hx = to_float_images(holdout_images, config)
+    hy = _check_labels(holdout_labels, n_hold, num_classes, "holdout")
+    tx = to_float_images(train_images, config)
+    ty = _check_labels(train_labels, n_train, num_classes, split)
+    t0 = time.perf_counter()
+    model = train_il_model(config, hx, hy, num_classes, device)
+    t1 = time.perf_counter()
+    values = per_sample_loss(model, tx, ty, config.score_batch_size, device)
+    t2 = time.perf_counter()
+    extra = {"train_seconds": round(t1 - t0, 3), "score_seconds": round(t2 - t1, 3),
+             "holdout_size": n_hold, "holdout_accuracy": _accuracy(model, hx, hy, config, device)}
+    if scores_root is None:
+        return Scores(values, fingerprint, IL_KIND, split, key, "", "", "", {**extra, "reused": False})
+    s = save_scores(scores_root, values, fingerprint=fingerprint, kind=IL_KIND, split=split,
+                    config=key, extra=extra)
+    return Scores(s.values, s.fingerprint, s.kind, s.split, s.config, s.config_hash, s.created,
+                  s.path, {**extra, "reused": False})
+
+
+@torch.no_grad()
+def _accuracy(model, x, y, config: ILModelConfig, device) -> float:
+    """Training accuracy on the holdout (a sanity figure: near 0 or 1/num_classes means trouble)."""
+    hits = 0
+    for s in range(0, len(x), config.score_batch_size):
+        hits += int((model(x[s:s + config.score_batch_size].to(device)).argmax(1).cpu()
+                     == y[s:s + config.score_batch_size]).sum())
+    return round(hits / max(1, len(x)), 4)

@@ -1,0 +1,298 @@
+"""Sample selection: exact picks on hand-made losses, IL artifact reuse, unbiased importance
+weights, fixed per-step counts, label noise, and clear errors for bad input."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from stages.select import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
+                           build_selector, compute_irreducible_loss, inject_label_noise,
+                           irreducible_loss_scores, select_top)
+from storage.scores import ScoresError, load_scores, save_scores
+
+C = 10  # classes
+
+
+def logits_with_loss_rank(a: list[float], labels: list[int]) -> torch.Tensor:
+    """Logits 0 everywhere but ``a[j]`` at the label: CE = log(e^a + C - 1) - a, which falls as
+    ``a`` rises, so a larger ``a`` means a smaller loss (the 'model' is nn.Identity)."""
+    x = torch.zeros(len(a), C)
+    x[torch.arange(len(a)), torch.tensor(labels)] = torch.tensor(a)
+    return x
+
+
+def hand_batch():
+    a = [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]          # loss rises with position
+    labels = [0, 1, 2, 3, 4, 5]
+    x = logits_with_loss_rank(a, labels)
+    y = torch.tensor(labels)
+    idx = torch.tensor([10, 11, 12, 13, 14, 15])  # dataset indices differ from positions
+    return x, y, idx
+
+
+def test_select_top_exact():
+    s = torch.tensor([0.3, 2.0, -1.0, 5.0, 1.9])
+    assert set(select_top(s, 2).tolist()) == {1, 3}
+    assert set(select_top(s, 5).tolist()) == set(range(5))
+
+
+def test_loss_selection_picks_highest_loss():
+    x, y, idx = hand_batch()
+    sel = build_selector(SelectionConfig(method="loss", n_select=2), candidate_size=6)
+    out = sel(nn.Identity(), x, y, idx)
+    assert sorted(out.indices.tolist()) == [14, 15]
+    assert out.images.shape == (2, C) and out.weights is None
+    assert sorted(out.labels.tolist()) == [4, 5]
+
+
+def test_rho_loss_picks_highest_reducible_loss_and_reports_stats():
+    x, y, idx = hand_batch()
+    il = np.zeros(20, dtype=np.float32)
+    il[[14, 15]] = 10.0           # 'noisy' points: high loss, but irreducible
+    noise = np.zeros(20, dtype=bool)
+    noise[[14, 15]] = True
+    sel = build_selector(SelectionConfig(method="rho_loss", ratio=2 / 6), il, candidate_size=6,
+                         split_size=20, noise_mask=noise)
+    out = sel(nn.Identity(), x, y, idx)
+    assert sorted(out.indices.tolist()) == [12, 13]
+    st = out.stats
+    assert st["n_selected"] == 2 and st["n_candidates"] == 6
+    assert st["cand_noisy"] == 2 and st["sel_noisy"] == 0
+    assert st["sel_il_mean"] == 0 and st["cand_il_mean"] == pytest.approx(20 / 6)
+    assert st["sel_reducible_mean"] > st["cand_reducible_mean"]
+    # the loss rule on the same batch walks straight into the noisy points
+    loss_sel = build_selector(SelectionConfig(method="loss", ratio=2 / 6), il, candidate_size=6,
+                              noise_mask=noise)
+    assert loss_sel(nn.Identity(), x, y, idx).stats["sel_noisy"] == 2
+
+
+def test_scoring_restores_model_mode():
+    x, y, idx = hand_batch()
+    m = nn.Sequential(nn.Identity())
+    m.eval()
+    build_selector(SelectionConfig(method="loss", n_select=3))(m, x, y, idx)
+    assert not m.training
+
+
+def test_uniform_is_fixed_count_and_seeded():
+    x, y, idx = hand_batch()
+    a = build_selector(SelectionConfig(method="uniform", n_select=3, seed=7))
+    b = build_selector(SelectionConfig(method="uniform", n_select=3, seed=7))
+    ia, ib = a(None, x, y, idx).indices, b(None, x, y, idx).indices
+    assert ia.tolist() == ib.tolist() and len(set(ia.tolist())) == 3
+
+
+def test_selective_backprop_fixed_count_and_prefers_high_loss():
+    torch.manual_seed(0)
+    sel = build_selector(SelectionConfig(method="selective_backprop", n_select=16, beta=2.0,
+                                         history_size=512, seed=1), candidate_size=64)
+    counts = torch.zeros(64)
+    for _ in range(40):
+        a = torch.linspace(6, -2, 64)             # candidate j has rank j in loss
+        x = logits_with_loss_rank(a.tolist(), [0] * 64)
+        idx = torch.arange(64)
+        out = sel(nn.Identity(), x, torch.zeros(64, dtype=torch.long), idx)
+        assert out.images.shape[0] == 16 and out.indices.shape[0] == 16
+        counts += torch.bincount(out.indices, minlength=64)
+    assert counts[48:].sum() > 4 * counts[:16].sum()
+
+
+def test_importance_weights_are_unbiased():
+    rng = np.random.default_rng(0)
+    n = 50
+    losses = rng.gamma(1.0, 1.0, size=n)
+    s = ImportanceSampler(n, smoothing=0.2, seed=3)
+    s.update(np.arange(n), losses)
+    p, w = s.probabilities(), s.weights(np.arange(n))
+    assert p.sum() == pytest.approx(1.0)
+    assert np.sum(p * w * losses) == pytest.approx(losses.mean(), rel=1e-12)  # exact expectation
+    assert w.max() <= 1 / 0.2 + 1e-9                                        # smoothing bounds w
+    draws = s.sample(200_000)
+    est = np.mean(s.weights(draws) * losses[draws])                         # Monte Carlo
+    assert est == pytest.approx(losses.mean(), rel=0.02)
+    # loss-proportional: the highest-loss sample is drawn most often
+    assert np.bincount(draws, minlength=n).argmax() == losses.argmax()
+
+
+def test_importance_selector_weights_and_observe():
+    sel = build_selector(SelectionConfig(method="importance", smoothing=0.5), split_size=8)
+    x, y = torch.zeros(4, C), torch.zeros(4, dtype=torch.long)
+    out = sel(None, x, y, torch.tensor([0, 1, 2, 3]))
+    assert torch.allclose(out.weights, torch.ones(4))   # nothing observed yet: uniform
+    sel.observe(torch.tensor([0, 1]), torch.tensor([3.0, 1.0]))
+    w = sel(None, x, y, torch.tensor([0, 1, 2, 3])).weights
+    assert w[0] < w[1] and w[2] == w[3]                  # unseen samples take the mean estimate
+    with pytest.raises(SelectionError, match="NaN"):
+        sel.observe(torch.tensor([0]), torch.tensor([float("nan")]))
+
+
+def test_label_noise_deterministic_and_recorded():
+    y = np.arange(1000) % C
+    a = inject_label_noise(y, 0.2, C, seed=5)
+    b = inject_label_noise(y, 0.2, C, seed=5)
+    assert np.array_equal(a.labels, b.labels) and np.array_equal(a.flipped, b.flipped)
+    assert a.flipped.size == 200
+    assert np.array_equal(np.flatnonzero(a.labels != y), a.flipped)   # every flip is a change
+    assert not np.array_equal(inject_label_noise(y, 0.2, C, seed=6).flipped, a.flipped)
+    assert json.loads(json.dumps(a.record()))["flipped"] == a.flipped.tolist()
+
+
+def test_config_round_trip_and_forbids_extra():
+    cfg = SelectionConfig(method="rho_loss", ratio=0.2, il=ILModelConfig(epochs=2))
+    assert SelectionConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    with pytest.raises(ValueError):
+        SelectionConfig(method="rho_loss", ratoi=0.2)
+    with pytest.raises(ValueError):
+        SelectionConfig(method="best")
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_sizes_are_refused_before_training():
+    with pytest.raises(SelectionError, match="n_b = 70 > n_B = 64"):
+        build_selector(SelectionConfig(method="loss", n_select=70), candidate_size=64)
+    with pytest.raises(SelectionError, match="< 1"):
+        build_selector(SelectionConfig(method="loss", ratio=0.001), candidate_size=64)
+    with pytest.raises(SelectionError, match="rho_loss needs"):
+        build_selector(SelectionConfig(method="rho_loss"), candidate_size=64)
+    with pytest.raises(SelectionError, match="has 5 values but the split has 20"):
+        build_selector(SelectionConfig(method="rho_loss"), np.zeros(5), split_size=20)
+    with pytest.raises(SelectionError, match="NaN"):
+        build_selector(SelectionConfig(method="rho_loss"), np.array([0.0, np.nan]))
+    with pytest.raises(ValueError):
+        SelectionConfig(ratio=0)
+
+
+def test_nan_losses_and_wrong_batch_size_raise():
+    x, y, idx = hand_batch()
+    sel = build_selector(SelectionConfig(method="loss", n_select=2), candidate_size=6)
+    x[3, 0] = float("nan")
+    with pytest.raises(SelectionError, match=r"NaN/inf.*\[13\]"):
+        sel(nn.Identity(), x, y, idx)
+    with pytest.raises(SelectionError, match="built for n_b = 2"):
+        build_selector(SelectionConfig(method="loss", ratio=0.5), candidate_size=4)(
+            nn.Identity(), *hand_batch())
+
+
+def test_index_outside_scored_split_raises():
+    x, y, idx = hand_batch()
+    sel = build_selector(SelectionConfig(method="rho_loss", n_select=2), np.zeros(12))
+    with pytest.raises(SelectionError, match="outside the scored split"):
+        sel(nn.Identity(), x, y, idx)
+
+
+# ---------------------------------------------------------------- IL scores artifact
+
+def tiny_data(n: int, seed: int):
+    """8x8 images whose class sets the brightness of one row: learnable in a few steps."""
+    g = np.random.default_rng(seed)
+    y = g.integers(0, 4, size=n)
+    x = g.integers(0, 60, size=(n, 8, 8)).astype(np.uint8)
+    x[np.arange(n), y * 2, :] = 250
+    return x, y
+
+
+IL_CFG = ILModelConfig(epochs=2, batch_size=16, model_kwargs={"width": 4})
+FP = "a" * 64
+
+
+def test_il_artifact_reused_when_keys_match_recomputed_when_not(tmp_path):
+    hx, hy = tiny_data(64, 0)
+    tx, ty = tiny_data(48, 1)
+    first = irreducible_loss_scores(IL_CFG, hx, hy, tx, ty, FP, tmp_path)
+    assert not first.extra["reused"] and first.values.shape == (48,)
+    assert np.isfinite(first.values).all() and first.values.dtype == np.float32
+    again = irreducible_loss_scores(IL_CFG, hx, hy, tx, ty, FP, tmp_path)
+    assert again.extra["reused"] and np.array_equal(again.values, first.values)
+    assert again.path == first.path
+    # another config or another dataset: a new artifact, trained afresh
+    other_cfg = irreducible_loss_scores(IL_CFG.model_copy(update={"epochs": 1}), hx, hy, tx, ty,
+                                        FP, tmp_path)
+    other_fp = irreducible_loss_scores(IL_CFG, hx, hy, tx, ty, "b" * 64, tmp_path)
+    assert not other_cfg.extra["reused"] and not other_fp.extra["reused"]
+    assert len({first.path, other_cfg.path, other_fp.path}) == 3
+    # the scoring batch size does not change values, so it does not change the key
+    bs = irreducible_loss_scores(IL_CFG.model_copy(update={"score_batch_size": 7}), hx, hy, tx, ty,
+                                 FP, tmp_path)
+    assert bs.extra["reused"]
+    # plain-array API returns the same values
+    arr = compute_irreducible_loss(IL_CFG, hx, hy, tx, ty, FP, tmp_path)
+    assert np.array_equal(arr, first.values)
+    # a selector refuses the scores for another dataset or another split length
+    with pytest.raises(SelectionError, match="belong to dataset"):
+        build_selector(SelectionConfig(method="rho_loss"), first, dataset_fingerprint="c" * 64)
+    with pytest.raises(SelectionError, match="have 48 values"):
+        build_selector(SelectionConfig(method="rho_loss"), first, split_size=50)
+
+
+def test_il_rejects_empty_holdout_and_bad_labels(tmp_path):
+    tx, ty = tiny_data(8, 1)
+    with pytest.raises(SelectionError, match="holdout split is empty"):
+        compute_irreducible_loss(IL_CFG, tx[:0], ty[:0], tx, ty, FP, tmp_path)
+    with pytest.raises(SelectionError, match="labels must lie"):
+        compute_irreducible_loss(IL_CFG, tx, ty - 1, tx, ty, FP, tmp_path, num_classes=4)
+
+
+def test_scores_store_checks_fingerprint_length_and_corruption(tmp_path):
+    cfg = {"k": 1}
+    s = save_scores(tmp_path, np.arange(5, dtype=np.float32), fingerprint=FP, kind="difficulty",
+                    split="train", config=cfg)
+    assert s.path.startswith(str(tmp_path / FP[:16]))
+    assert np.array_equal(load_scores(tmp_path, fingerprint=FP, kind="difficulty", split="train",
+                                      config=cfg).values, np.arange(5))
+    with pytest.raises(ScoresError, match="5 values but split 'train' has 6"):
+        load_scores(tmp_path, fingerprint=FP, kind="difficulty", split="train", config=cfg,
+                    length=6)
+    with pytest.raises(ScoresError, match="no difficulty scores"):
+        load_scores(tmp_path, fingerprint="b" * 64, kind="difficulty", split="train", config=cfg)
+    with pytest.raises(ScoresError, match="belong to dataset"):
+        s.check(fingerprint="b" * 64)
+    with pytest.raises(ScoresError, match="NaN"):
+        save_scores(tmp_path, np.array([1.0, math.inf]), fingerprint=FP, kind="difficulty",
+                    split="train", config=cfg)
+    with open(s.path, "r+b") as f:   # flip the last byte of the array
+        f.seek(-1, 2)
+        f.write(b"\x01")
+    with pytest.raises(ScoresError, match="sha256"):
+        load_scores(tmp_path, fingerprint=FP, kind="difficulty", split="train", config=cfg)
+
+
+# ---------------------------------------------------------------- in a plain training loop
+
+@pytest.mark.parametrize("method", ["rho_loss", "selective_backprop", "importance"])
+def test_plain_training_loop(method, tmp_path):
+    torch.manual_seed(0)
+    hx, hy = tiny_data(64, 0)
+    tx, ty = tiny_data(96, 1)
+    cfg = SelectionConfig(method=method, ratio=0.5, il=IL_CFG)
+    il = irreducible_loss_scores(cfg.il, hx, hy, tx, ty, FP, tmp_path)
+    sel = build_selector(cfg, il, candidate_size=16, split_size=96, dataset_fingerprint=FP)
+    from stages.models import build_model
+    model = build_model("small_cnn", in_channels=1, num_classes=4, width=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = (torch.as_tensor(tx).float().unsqueeze(1) / 255 - 0.286) / 0.353
+    y = torch.as_tensor(ty).long()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        idx = (torch.as_tensor(sel.sampler.sample(16)) if method == "importance"
+               else torch.randperm(96, generator=g)[:16])
+        b = sel(model, x[idx], y[idx], idx)
+        assert b.images.shape[0] == (16 if method == "importance" else 8)
+        per = nn.functional.cross_entropy(model(b.images), b.labels, reduction="none")
+        loss = (per * b.weights).mean() if b.weights is not None else per.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sel.observe(b.indices, per.detach())
+        assert all(math.isfinite(v) for v in b.stats.values())
+
+
+def test_none_means_no_selector_and_helpers():
+    from stages.select import candidate_size_for
+    assert build_selector(SelectionConfig(method="none")) is None
+    assert candidate_size_for(SelectionConfig(ratio=0.2), 64) == 320

@@ -1,0 +1,240 @@
+"""The train stage in-process (one rank): loader contract, budgets, resume, bad input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from stages.array_loader import ArrayLoader, fashion_mnist
+from stages.train import (NonFiniteLoss, SelectedBatch, TrainConfig, TrainResult, build_loader,
+                          lr_at, train)
+from storage.checkpoint import CheckpointMismatch, load_checkpoint
+
+N = 512
+
+
+@pytest.fixture(scope="module")
+def fmnist() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    x, y = fashion_mnist("train")
+    tx, ty = fashion_mnist("test")
+    return x[:N], y[:N], tx[:256], ty[:256]
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(model_kwargs={"width": 8}, max_steps=12, batch_size=32, lr=0.05,
+                progress=False, torch_threads=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def loaders(data, bs: int = 32, seed: int = 0):
+    x, y, tx, ty = data
+    return (ArrayLoader(x, y, bs, seed=seed),
+            ArrayLoader(tx, ty, 64, shuffle=False, drop_last=False, even=False))
+
+
+# ---- loader contract ----------------------------------------------------------------------
+
+def test_array_loader_shards_disjoint_equal_and_pads_without_dropping():
+    x = np.zeros((103, 4, 4), np.uint8)
+    y = np.arange(103)
+    shards = [ArrayLoader(x, y, 8, seed=3, rank=r, world_size=2, drop_last=False)
+              for r in range(2)]
+    seen = [torch.cat([b[2] for b in s]) for s in shards]
+    assert len(shards[0]) == len(shards[1]) and len(seen[0]) == len(seen[1]) == 52
+    assert set(seen[0].tolist()) | set(seen[1].tolist()) == set(range(103))  # nothing dropped
+    dl = [ArrayLoader(x, y, 8, seed=3, rank=r, world_size=2) for r in range(2)]
+    a, b = (set(torch.cat([t[2] for t in s]).tolist()) for s in dl)
+    assert not a & b and len(dl[0]) == len(dl[1]) == 6
+    dl[0].set_epoch(1)  # an exhausted epoch yields nothing until the next one starts
+    img, lab, idx = next(iter(dl[0]))
+    assert img.shape == (8, 1, 4, 4) and img.dtype == torch.uint8 and lab.dtype == torch.int64
+
+
+def test_array_loader_resumes_at_exact_next_batch():
+    x = np.random.default_rng(0).integers(0, 255, (64, 4, 4), dtype=np.uint8)
+    y = np.arange(64)
+    a = ArrayLoader(x, y, 8, seed=1)
+    a.set_epoch(2)
+    it = iter(a)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(a.state_dict()))  # JSON-safe
+    rest = [b[2] for b in it]
+    b = ArrayLoader(x, y, 8, seed=1)
+    b.load_state_dict(state)
+    assert [t.tolist() for t in (c[2] for c in b)] == [t.tolist() for t in rest]
+    with pytest.raises(ValueError, match="world_size"):
+        ArrayLoader(x, y, 8, seed=1, world_size=2).load_state_dict(state)
+
+
+def test_loader_spec_registry(tmp_path, fmnist):
+    x, y, *_ = fmnist
+    np.savez(tmp_path / "a.npz", images=x[:100], labels=y[:100])
+    ld = build_loader({"kind": "arrays", "path": str(tmp_path / "a.npz")}, batch_size=10,
+                      rank=1, world_size=2)
+    assert len(ld) == 5
+    with pytest.raises(Exception, match="unknown loader kind"):
+        build_loader({"kind": "nope"})
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+def test_config_is_json_and_rejects_bad_input():
+    c = cfg(comm={"mode": "powersgd", "powersgd_rank": 2, "start_iter": 5})
+    assert TrainConfig.model_validate_json(c.model_dump_json()) == c
+    with pytest.raises(ValidationError):
+        TrainConfig(lr_typo=1)
+    with pytest.raises(ValidationError, match="start_iter"):
+        TrainConfig(comm={"mode": "powersgd", "start_iter": 1})
+    assert c.compat(2) == cfg(comm=c.comm, progress=True, halt_at_step=3).compat(2)
+    assert c.compat(2) != cfg(comm=c.comm, lr=0.2).compat(2)
+
+
+def test_lr_schedules_follow_the_budget():
+    lin = TrainConfig(schedule="linear", warmup_fraction=0.0, lr=1.0)
+    assert lr_at(lin, 0) == 1.0 and lr_at(lin, 0.5) == 0.5 and lr_at(lin, 1.0) == 0.0
+    oc = TrainConfig(schedule="onecycle", warmup_fraction=0.2, lr=1.0)
+    assert lr_at(oc, 0) < 0.1 and lr_at(oc, 0.2) == pytest.approx(1.0)
+    assert lr_at(oc, 1.0) == pytest.approx(0.0, abs=1e-9)
+
+
+# ---- training -------------------------------------------------------------------------------
+
+def test_train_in_process_reports_metrics_and_learns(tmp_path, fmnist):
+    tr, ev = loaders(fmnist)
+    c = cfg(max_steps=30, metrics_path=str(tmp_path / "m.jsonl"), checkpoint_dir=str(tmp_path / "ck"),
+            ema_decay=0.9, clip_grad_norm=5.0, accum_steps=2, eval_every_steps=15)
+    r = train(c, tr, ev)
+    assert isinstance(r, TrainResult) and r.steps == 30 and r.final_acc is not None
+    assert r.final_acc > 0.2  # above chance (0.1) after 30 tiny steps
+    m = r.metrics[0]
+    for k in ("loss", "samples_per_s", "data_wait_frac", "bytes_comm", "lr", "select_s"):
+        assert k in m
+    assert r.metrics[-1]["loss"] < r.metrics[0]["loss"]
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert len(lines) == 30 + 2  # steps + two evals
+    assert r.metrics[-1]["lr"] < 0.01 * c.lr  # one-cycle ends near zero
+    state = load_checkpoint(r.checkpoint)
+    assert state["step"] == 30 and state["ema"] is not None
+    json.dumps(r.to_dict())
+
+
+def test_bf16_autocast_trains(fmnist):
+    tr, ev = loaders(fmnist)
+    r = train(cfg(amp="bf16", channels_last=True), tr, ev)
+    assert np.isfinite(r.metrics[-1]["loss"]) and r.final_acc is not None
+
+
+def test_fp16_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(Exception, match="fp16.*CUDA"):
+        train(cfg(amp="fp16"), ArrayLoader(np.zeros((64, 28, 28), np.uint8), np.zeros(64), 32))
+
+
+def test_time_budget_stops_and_decays_lr(fmnist):
+    tr, _ = loaders(fmnist)
+    r = train(cfg(max_steps=None, max_seconds=1.0, schedule="linear", warmup_fraction=0.0), tr)
+    assert r.steps >= 1 and r.summary["elapsed_s"] >= 1.0
+    assert r.metrics[-1]["lr"] < r.metrics[0]["lr"]
+
+
+def test_resume_after_halt_equals_uninterrupted(tmp_path, fmnist):
+    full = train(cfg(checkpoint_dir=str(tmp_path / "a"), ema_decay=0.8), *loaders(fmnist))
+    c = cfg(checkpoint_dir=str(tmp_path / "b"), ema_decay=0.8)
+    first = train(c.model_copy(update={"halt_at_step": 5}), *loaders(fmnist))
+    assert first.halted and first.steps == 5 and first.final_acc is None
+    second = train(c, *loaders(fmnist))  # fresh loader objects, state comes from the checkpoint
+    assert second.resumed_from == 5 and second.steps == 12
+    a, b = load_checkpoint(full.checkpoint), load_checkpoint(second.checkpoint)
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert full.summary["param_digests"] == second.summary["param_digests"]
+    assert second.final_acc == full.final_acc
+
+
+def test_incompatible_checkpoint_is_refused(tmp_path, fmnist):
+    train(cfg(max_steps=2, checkpoint_dir=str(tmp_path)), *loaders(fmnist))
+    with pytest.raises(CheckpointMismatch, match="incompatible.*config_hash"):
+        train(cfg(max_steps=2, checkpoint_dir=str(tmp_path), model_kwargs={"width": 16}),
+              *loaders(fmnist))
+
+
+class FixedCountSelector:
+    """Keeps the k highest-loss samples; poisons the weights after ``nan_after`` calls."""
+
+    def __init__(self, k: int, nan_after: int | None = None):
+        self.k, self.calls, self.nan_after = k, 0, nan_after
+
+    def __call__(self, model, images, labels, indices) -> SelectedBatch:
+        self.calls += 1
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            loss = torch.nn.functional.cross_entropy(model(images), labels, reduction="none")
+            model.train(was)
+        top = loss.topk(self.k).indices
+        w = torch.ones(self.k)
+        if self.nan_after is not None and self.calls > self.nan_after:
+            w[0] = float("nan")
+        return SelectedBatch(images[top], labels[top], indices[top], w,
+                             {"kept_frac": self.k / len(labels), "mean_loss": loss.mean().item()})
+
+
+def test_selector_trains_on_selected_batch_and_reports(fmnist):
+    tr, ev = loaders(fmnist)
+    r = train(cfg(max_steps=6), tr, ev, selector=FixedCountSelector(8))
+    m = r.metrics[-1]
+    assert m["select/kept_frac"] == 0.25 and m["select_s"] > 0
+    assert m["samples_per_s"] > 0
+
+
+def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, fmnist):
+    tr, _ = loaders(fmnist)
+    c = cfg(max_steps=20, checkpoint_dir=str(tmp_path), checkpoint_every_steps=3)
+    with pytest.raises(NonFiniteLoss, match="step 8.*last good checkpoint"):
+        train(c, tr, selector=FixedCountSelector(16, nan_after=7))
+    state = load_checkpoint(tmp_path / "last.pt")
+    assert state["step"] == 6
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+
+
+def test_bad_loader_is_refused():
+    with pytest.raises(Exception, match="loader must be"):
+        train(cfg(), [(torch.zeros(1), torch.zeros(1), torch.zeros(1))])
+
+
+def test_checkpoint_every_seconds(tmp_path, fmnist):
+    tr, _ = loaders(fmnist)
+    c = cfg(max_steps=6, checkpoint_dir=str(tmp_path), checkpoint_every_seconds=1e-6, halt_at_step=4)
+    r = train(c, tr)
+    assert r.halted and load_checkpoint(tmp_path / "last.pt")["step"] == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_cuda_mixed_precision_trains(tmp_path, fmnist, amp):
+    tr, ev = loaders(fmnist)
+    r = train(cfg(amp=amp, device="cuda", channels_last=True, checkpoint_dir=str(tmp_path)), tr, ev)
+    assert np.isfinite(r.metrics[-1]["loss"]) and r.final_acc is not None
+    if amp == "fp16":
+        assert "grad_scale" in r.metrics[-1]
+        assert load_checkpoint(r.checkpoint)["scaler"]  # GradScaler state is checkpointed
+
+
+@pytest.mark.parametrize("model", ["resnet_small", "stages.models:ResNetSmall"])
+def test_resnet_and_user_factory_models_on_32px_rgb(model):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
+    y = rng.integers(0, 10, 64)
+    c = cfg(model=model, model_kwargs={"width": 4}, in_channels=3, max_steps=2,
+            normalize_mean=[0.5, 0.5, 0.5], normalize_std=[0.25, 0.25, 0.25])
+    r = train(c, ArrayLoader(x, y, 16))
+    assert r.steps == 2 and np.isfinite(r.metrics[-1]["loss"])
+    with pytest.raises(Exception, match="channels"):
+        train(cfg(max_steps=1), ArrayLoader(x, y, 16))  # RGB data into a 1-channel config

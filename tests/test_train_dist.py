@@ -1,0 +1,139 @@
+"""The train stage under real ``torchrun``: 2 processes over gloo on 127.0.0.1 (no mocks)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from stages.array_loader import fashion_mnist
+from stages.launch import RendezvousError, free_port, launch
+from stages.train import TrainError, TrainResult
+from storage.checkpoint import load_checkpoint
+
+QUIET = {"on_line": lambda line: None, "timeout_s": 240}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[dict, dict]:
+    d = tmp_path_factory.mktemp("data")
+    x, y = fashion_mnist("train")
+    tx, ty = fashion_mnist("test")
+    np.savez(d / "train.npz", images=x[:2048], labels=y[:2048])
+    np.savez(d / "test.npz", images=tx[:512], labels=ty[:512])
+    return ({"kind": "arrays", "path": str(d / "train.npz")},
+            {"kind": "arrays", "path": str(d / "test.npz")})
+
+
+def cfg(**kw) -> dict:
+    base = {"model_kwargs": {"width": 8}, "max_steps": 24, "batch_size": 32, "lr": 0.05,
+            "progress": False, "torch_threads": 1}
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("mode", ["none", "fp16", "bf16", "powersgd"])
+def test_two_ranks_every_comm_mode_trains_and_keeps_ranks_identical(tmp_path, data, mode):
+    # tiny buckets: several DDP buckets per step, where torch's own powerSGD_hook breaks on gloo
+    comm = {"mode": mode, "start_iter": 4, "powersgd_rank": 1, "bucket_cap_mb": 0.005}
+    r = launch(cfg(comm=comm), *data, nproc=2, out_dir=tmp_path, **QUIET)
+    assert isinstance(r, TrainResult) and r.steps == 24 and r.final_acc is not None
+    digests = r.summary["param_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]  # identical weights on both ranks
+    assert r.metrics[-1]["loss"] < r.metrics[0]["loss"]
+    full = r.summary["uncompressed_bytes"]
+    last = r.metrics[-1]["bytes_comm"]
+    expect = {"none": full, "fp16": full // 2, "bf16": full // 2}
+    if mode in expect:
+        assert last == expect[mode]
+    else:
+        assert 0 < last < full / 4  # rank-1 factors of a tiny CNN
+        assert r.metrics[0]["bytes_comm"] == full  # plain all-reduce before start_iter
+    assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_resume_after_stop_matches_uninterrupted_run_powersgd(tmp_path, data):
+    c = cfg(comm={"mode": "powersgd", "start_iter": 3, "powersgd_rank": 2},
+            checkpoint_every_steps=5)
+    full = launch(c, *data, nproc=2, out_dir=tmp_path / "full", **QUIET)
+    half = launch({**c, "halt_at_step": 13}, *data, nproc=2, out_dir=tmp_path / "b", **QUIET)
+    assert half.halted and half.steps == 13
+    state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert state["comm"]["errors"] and state["comm"]["qs"]  # hook state saved as plain tensors
+    rest = launch(c, *data, nproc=2, out_dir=tmp_path / "b", **QUIET)
+    assert rest.resumed_from == 13 and rest.steps == 24
+    a = load_checkpoint(full.checkpoint)["model"]
+    b = load_checkpoint(rest.checkpoint)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert full.summary["param_digests"] == rest.summary["param_digests"]
+    # an incompatible config on the same checkpoint directory is refused with a message
+    with pytest.raises(TrainError, match="incompatible"):
+        launch({**c, "lr": 0.2}, *data, nproc=2, out_dir=tmp_path / "b", **QUIET)
+
+
+def test_kill_minus_9_one_rank_restarts_from_checkpoint_and_finishes(tmp_path, data):
+    train_spec = {**data[0], "delay_s": 0.03}  # slow storage, so the kill lands mid-run
+    c = cfg(max_steps=80, checkpoint_every_steps=5)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = launch(c, train_spec, data[1], nproc=2, out_dir=tmp_path,
+                                   max_restarts=2, **QUIET)
+        except Exception as e:  # surfaced below
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    ckpt, pid_file = tmp_path / "checkpoints" / "last.pt", tmp_path / "pids" / "rank1.pid"
+    deadline = time.monotonic() + 120
+    while not (ckpt.exists() and pid_file.exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ckpt.exists(), box
+    killed_at = load_checkpoint(ckpt)["step"]
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    t.join(240)
+    assert "error" not in box, box.get("error")
+    r = box["result"]
+    assert r.steps == 80 and r.resumed_from is not None and r.resumed_from >= killed_at
+    assert r.summary["param_digests"][0] == r.summary["param_digests"][1]
+
+
+def test_unreachable_rendezvous_fails_fast_naming_the_address(tmp_path, data):
+    port = free_port()  # nothing listens here
+    start = time.monotonic()
+    with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}"):
+        launch(cfg(), *data, nproc=1, nnodes=2, node_rank=1, out_dir=tmp_path,
+               rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=2, **QUIET)
+    assert time.monotonic() - start < 30
+
+
+def test_rendezvous_host_gives_up_when_a_node_never_joins(tmp_path, data):
+    endpoint = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RendezvousError, match=endpoint):
+        launch(cfg(max_steps=2), *data, nproc=1, nnodes=2, node_rank=0, out_dir=tmp_path,
+               rdzv_endpoint=endpoint, rdzv_timeout_s=3, **QUIET)
+
+
+def test_launch_timeout_stops_the_job(tmp_path, data):
+    slow = {**data[0], "delay_s": 0.2}
+    start = time.monotonic()
+    with pytest.raises(Exception, match="timeout_s"):
+        launch(cfg(max_steps=500), slow, nproc=2, out_dir=tmp_path, on_line=lambda s: None,
+               timeout_s=8)
+    assert time.monotonic() - start < 40
+
+
+def test_nan_under_torchrun_fails_clearly_without_restart_loop(tmp_path, data):
+    sel = {"factory": "tests.test_train:FixedCountSelector", "kwargs": {"k": 16, "nan_after": 7}}
+    with pytest.raises(TrainError, match="NonFiniteLoss.*step 8.*last good checkpoint"):
+        launch(cfg(checkpoint_every_steps=3), *data, nproc=2, out_dir=tmp_path, selector=sel,
+               max_restarts=1, **QUIET)
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["step"] == 6
+    log = (tmp_path / "torchrun.log").read_text()
+    assert log.count("NonFiniteLoss") >= 1
