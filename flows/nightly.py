@@ -9,8 +9,10 @@ Prefect's cache is gone.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -107,6 +109,34 @@ def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root:
             **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
 
 
+@contextlib.contextmanager
+def _progress(metrics: Path, log, every_s: float = 15.0):
+    """Log the training progress from rank 0's metrics file while torchrun runs."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        seen = 0
+        while not stop.wait(every_s):
+            if not metrics.exists():
+                continue
+            lines = metrics.read_text().splitlines()
+            steps = [json.loads(x) for x in lines[seen:] if x.startswith('{"step"')]
+            evals = [json.loads(x)["eval"] for x in lines[seen:] if x.startswith('{"eval"')]
+            seen = len(lines)
+            if steps:
+                m = steps[-1]
+                log.info(f"training: step {m['step']} epoch {m['epoch']} loss {m['loss']:.4f} "
+                         f"{m['samples_per_s']:.0f} samples/s, data wait {100 * m['data_wait_frac']:.0f}%"
+                         + (f", eval acc {evals[-1]['acc']:.4f}" if evals else ""))
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
 @task(name="train", retries=1, retry_delay_seconds=10)
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
     """torchrun with ``nproc`` ranks; a retry resumes from the run's last checkpoint."""
@@ -138,10 +168,11 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
                                "il_scores": il["path"] if il else None}}
     tcfg = c.train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
                                       "progress": False})
-    result = launch(tcfg, {"kind": "artifact", "root": data["root"], "loader": loader.model_dump(mode="json")},
-                    {"kind": "artifact", "root": data["root"], "loader": eval_loader.model_dump(mode="json")},
-                    nproc=c.nproc, out_dir=run_dir,
-                    timeout_s=c.train_timeout_s, selector=selector, on_line=lambda line: log.info(line.rstrip()))
+    with _progress(Path(run_dir) / "metrics.jsonl", log):
+        result = launch(tcfg, {"kind": "artifact", "root": data["root"], "loader": loader.model_dump(mode="json")},
+                        {"kind": "artifact", "root": data["root"], "loader": eval_loader.model_dump(mode="json")},
+                        nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s, selector=selector,
+                        on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,
             "summary": result.summary, "evals": result.evals, "metrics_path": str(Path(run_dir) / "metrics.jsonl")}

@@ -11,6 +11,8 @@ APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist"
 STAMP="$VENV/.sluice-setup-stamp"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+# pip, minus this machine's notes about unused local index folders
+pipq() { "$PY" -m pip "$@" 2>&1 | { grep -vE "WARNING: Location '.*' is ignored" || true; }; return "${PIPESTATUS[0]}"; }
 
 need_apt=""
 for p in $APT_PACKAGES; do
@@ -26,9 +28,11 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtualenv $VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
 fi
 PY="$VENV/bin/python"
+if [ ! -f "$VENV/.sluice-pip-upgraded" ]; then
+  pipq install -q --upgrade pip setuptools wheel && touch "$VENV/.sluice-pip-upgraded"
+fi
 
 # The stamp records what was installed; when pyproject or the torch spec change, install again.
 want="$(cat pyproject.toml; echo "$TORCH_SPEC")"
@@ -40,10 +44,10 @@ fi
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
   log "installing $TORCH_SPEC (first, so no other package pulls a CUDA build)"
-  "$PY" -m pip install -q "$TORCH_SPEC"
+  pipq install -q $TORCH_SPEC
 fi
 log "installing sluice and its dependencies (ffcv compiles once; a few minutes)"
-"$PY" -m pip install -q numpy 'cython<3.2' pkgconfig
-"$PY" -m pip install -q --no-build-isolation -e '.[test]'
+pipq install -q numpy 'cython<3.2' pkgconfig
+pipq install -q --no-build-isolation -e '.[test]'
 printf '%s' "$want_sum" > "$STAMP"
 log "done"
