@@ -3,13 +3,15 @@
 The same ``AugmentSpec`` runs as batched torch ops on the target device (FFCV, WebDataset and
 in-memory backends; see ``TorchAugment``) or as DALI operators (``stages.loader_dali``), and gives
 statistically the same result on both. Input: uint8 NHWC; output: float32 NCHW, normalised,
-optionally channels-last in memory.
+optionally channels-last in memory. On CPU the loader runs a leading random-resized-crop (+ flip)
+with OpenCV on the uint8 pixels instead (``TorchAugment(fast_cpu=True)``): same draws, 3-4× less CPU.
 """
 from __future__ import annotations
 
 import math
 from typing import Annotated, Literal, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
@@ -126,13 +128,17 @@ def rrc_boxes(n: int, h: int, w: int, scale, ratio, gen: torch.Generator) -> tor
     return torch.stack([top, left, bh, bw], 1)
 
 
-def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """Crop each image of NCHW ``x`` to its box and resize to ``out_hw``, in one grid_sample."""
+def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int],
+                flip: torch.Tensor | None = None) -> torch.Tensor:
+    """Crop each image of NCHW ``x`` to its box and resize to ``out_hw``, in one grid_sample;
+    ``flip`` (bool per sample) mirrors those outputs for free by negating the x scale."""
     n, _, h, w = x.shape
     b = boxes.to(x.device, torch.float32)
     top, left, bh, bw = b.unbind(1)
     theta = torch.zeros(n, 2, 3, device=x.device)
     theta[:, 0, 0] = bw / w
+    if flip is not None:
+        theta[:, 0, 0] = torch.where(flip.to(x.device), -theta[:, 0, 0], theta[:, 0, 0])
     theta[:, 0, 2] = (2 * left + bw) / w - 1
     theta[:, 1, 1] = bh / h
     theta[:, 1, 2] = (2 * top + bh) / h - 1
@@ -143,29 +149,138 @@ def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int]) -
 class TorchAugment:
     """Runs an AugmentSpec on a batch with torch ops on whatever device the batch is on."""
 
-    def __init__(self, spec: AugmentSpec | None, seed: int = 0):
+    def __init__(self, spec: AugmentSpec | None, seed: int = 0, *, fast_cpu: bool = False, threads: int = 1):
+        """``fast_cpu``: on CPU uint8 batches, run a leading ``RandomResizedCrop`` (+ ``Flip``) with
+        OpenCV on the uint8 pixels over ``threads`` threads, then one fused float conversion and
+        normalise (``_fast_prefix``): the same random draws, in the same order, as the torch path,
+        and statistically the same images (bilinear both; not bit-identical: OpenCV rounds to
+        uint8 and clamps at the crop's edge where grid_sample reads one pixel beyond it). Off by
+        default: the torch path is the reference the DALI backend is tested against."""
         self.spec = spec or AugmentSpec()
         self.gen = torch.Generator().manual_seed(seed)
+        self.fast_cpu = fast_cpu
+        self.threads = max(1, int(threads))
+        self._pool = None
 
     def reseed(self, seed: int) -> None:
         self.gen.manual_seed(seed)
 
     def __call__(self, images: torch.Tensor, resolution: int | None = None) -> torch.Tensor:
         """uint8 NHWC (any device) -> float32 NCHW on the same device."""
+        ops = list(self.spec.ops)
+        if self.fast_cpu and _fast_prefix_applies(images, ops):
+            fast = self._fast_prefix(images, ops, resolution)
+            if fast is not None:
+                return fast
         x = images.permute(0, 3, 1, 2).float()  # 0..255
+        return self._run(x, images, ops, 0, resolution, resized=False)
+
+    def _fast_prefix(self, images: torch.Tensor, ops: list, resolution: int | None) -> torch.Tensor | None:
+        """RandomResizedCrop (+ Flip) on uint8 NHWC with OpenCV, then the float conversion (and a
+        final Normalize) fused per chunk; ``threads`` chunks in parallel (OpenCV and torch release
+        the GIL). Other ops after the prefix run on the torch path. None: OpenCV is missing."""
+        cv2 = _cv2()
+        if cv2 is None:
+            return None
+        n, h, w, c = images.shape
+        op, g, k = ops[0], self.gen, 1
+        side = resolution or op.size or h
+        oh, ow = side, (side if resolution or op.size else w)
+        boxes = rrc_boxes(n, h, w, op.scale, op.ratio, g)  # the torch path's draws, in its order
+        flip = None
+        if len(ops) > 1 and isinstance(ops[1], Flip):
+            flip = torch.rand(n, generator=g) < ops[1].p
+            k = 2
+        rest = ops[k:]
+        if not rest:
+            scale = torch.full((c,), 1.0 / 255.0)
+            bias = torch.zeros(c)
+        elif len(rest) == 1 and isinstance(rest[0], Normalize):
+            mean = _per_channel(rest[0].mean, c, "cpu", "mean").view(c)
+            std = _per_channel(rest[0].std, c, "cpu", "std").view(c)
+            scale, bias = 1.0 / (255.0 * std), -mean / std
+        else:
+            scale = bias = None  # more ops follow: hand float pixels to the torch path
+        src = images.numpy()
+        if not src.flags.c_contiguous:
+            src = np.ascontiguousarray(src)
+        buf = np.empty((n, oh, ow, c), np.uint8)
+        bx = boxes.to(torch.int64).tolist()
+        fl = flip.tolist() if flip is not None else [False] * n
+        channels_last = self.spec.channels_last
+        if scale is not None:
+            res = torch.empty((n, oh, ow, c) if channels_last else (n, c, oh, ow), dtype=torch.float32)
+            if channels_last:
+                scale_v, bias_v = scale.view(1, 1, 1, c), bias.view(1, 1, 1, c)
+            else:
+                scale_v, bias_v = scale.view(1, c, 1, 1), bias.view(1, c, 1, 1)
+        interp, size = cv2.INTER_LINEAR, (ow, oh)
+
+        def work(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                top, left, bh, bw = bx[i]
+                crop = src[i, top:top + bh, left:left + bw]
+                if c == 1:
+                    cv2.resize(crop[..., 0], size, dst=buf[i, ..., 0], interpolation=interp)
+                else:
+                    cv2.resize(crop, size, dst=buf[i], interpolation=interp)
+                if fl[i]:
+                    cv2.flip(buf[i], 1, dst=buf[i])  # in place
+            if scale is not None:  # measured fastest: uint8 relayout in numpy, then contiguous casts
+                chunk = buf[lo:hi]
+                if not channels_last:
+                    planar = np.empty((hi - lo, c, oh, ow), np.uint8)
+                    np.copyto(planar, chunk.transpose(0, 3, 1, 2))
+                    chunk = planar
+                r = res[lo:hi]
+                r.copy_(torch.from_numpy(chunk))
+                r.mul_(scale_v).add_(bias_v)
+
+        chunks = min(self.threads, max(1, n // 16))
+        if chunks <= 1:
+            work(0, n)
+        else:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="sluice-augment")
+            step = -(-n // chunks)
+            futs = [self._pool.submit(work, lo, min(lo + step, n)) for lo in range(0, n, step)]
+            for f in futs:
+                f.result()
+        if scale is None:  # uint8 relayout first: a permuted uint8->float cast is ~3x slower
+            x = torch.from_numpy(np.ascontiguousarray(buf.transpose(0, 3, 1, 2))).float()
+            return self._run(x, images, ops, k, resolution, resized=True)
+        return res.permute(0, 3, 1, 2) if channels_last else res
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pool"] = None  # thread pools do not pickle; a copy makes its own
+        return state
+
+    def _run(self, x: torch.Tensor, images: torch.Tensor, ops: list, k: int, resolution: int | None,
+             resized: bool) -> torch.Tensor:
+        """The torch path: ``ops[k:]`` on float NCHW ``x`` (0..255)."""
         n, c = x.shape[:2]
         g = self.gen
         scaled = False
-        resized = False
-        for op in self.spec.ops:
+        while k < len(ops):
+            op = ops[k]
+            k += 1
             if isinstance(op, RandomResizedCrop):
                 h, w = x.shape[2:]
                 side = resolution or op.size or h
-                x = crop_resize(x, rrc_boxes(n, h, w, op.scale, op.ratio, g), (side, side if resolution or op.size else w))
+                boxes = rrc_boxes(n, h, w, op.scale, op.ratio, g)
+                flip = None
+                if k < len(ops) and isinstance(ops[k], Flip):  # fused: same draws, one pass
+                    flip = torch.rand(n, generator=g) < ops[k].p
+                    k += 1
+                x = crop_resize(x, boxes, (side, side if resolution or op.size else w), flip)
                 resized = True
             elif isinstance(op, Flip):
-                m = (torch.rand(n, generator=g) < op.p).to(x.device).view(n, 1, 1, 1)
-                x = torch.where(m, x.flip(-1), x)
+                m = (torch.rand(n, generator=g) < op.p).to(x.device)
+                if m.any():
+                    x = x.clone() if x.data_ptr() == images.data_ptr() else x
+                    x[m] = x[m].flip(-1)
             elif isinstance(op, Translate):
                 x = _translate(x, op.pad, g)
             elif isinstance(op, Cutout):
@@ -176,8 +291,10 @@ class TorchAugment:
                 mean = x.mean(dim=(1, 2, 3), keepdim=True)
                 x = ((x - mean) * cf.view(n, 1, 1, 1) + mean) * bf.view(n, 1, 1, 1)
                 x = x.clamp(0, 255)
-            elif isinstance(op, Normalize):
-                x = (x / 255.0 - _per_channel(op.mean, c, x.device, "mean")) / _per_channel(op.std, c, x.device, "std")
+            elif isinstance(op, Normalize):  # one fused pass: x * 1/(255 std) - mean/std
+                mean = _per_channel(op.mean, c, x.device, "mean")
+                std = _per_channel(op.std, c, x.device, "std")
+                x = torch.addcmul(-mean / std, x, 1.0 / (255.0 * std))
                 scaled = True
         if resolution and not resized and x.shape[-1] != resolution:
             x = F.interpolate(x, size=(resolution, resolution), mode="bilinear", align_corners=False, antialias=True)
@@ -186,6 +303,27 @@ class TorchAugment:
         if self.spec.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+
+def _fast_prefix_applies(images: torch.Tensor, ops: list) -> bool:
+    """The OpenCV prefix path: uint8 NHWC on CPU with 1, 3 or 4 channels, first op an RRC."""
+    return (bool(ops) and isinstance(ops[0], RandomResizedCrop) and images.device.type == "cpu"
+            and images.dtype == torch.uint8 and images.dim() == 4 and images.shape[0] > 0
+            and images.shape[-1] in (1, 3, 4))
+
+
+_CV2 = []
+
+
+def _cv2():
+    """OpenCV if installed (imported on first use), else None: the torch path then."""
+    if not _CV2:
+        try:
+            import cv2
+        except ImportError:
+            cv2 = None
+        _CV2.append(cv2)
+    return _CV2[0]
 
 
 def _translate(x: torch.Tensor, pad: int, g: torch.Generator) -> torch.Tensor:

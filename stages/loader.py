@@ -107,7 +107,9 @@ class Loader:
             raise ValueError("the sampler yields no samples")
         self.backend_name = _resolve_backend(cfg.backend, self.artifact, cfg.split, cfg.memory_budget_bytes)
         self._backend = None
-        self.augment = TorchAugment(cfg.augment, cfg.seed)
+        # On CPU batches a leading RRC(+flip) runs in OpenCV over `workers` threads (same draws as
+        # the torch path); CUDA batches take the torch path on the device.
+        self.augment = TorchAugment(cfg.augment, cfg.seed, fast_cpu=True, threads=max(1, self.workers))
         self.epoch = 0
         self._next_batch = 0  # batches of the current epoch already handed to the caller
         self.timings = Timings()

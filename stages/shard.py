@@ -12,6 +12,8 @@ and the manifest (written last) is what makes the artifact visible.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import multiprocessing as mp
@@ -117,6 +119,18 @@ def _split_files(s: SplitRecord) -> list[FileRecord]:
 
 
 # ------------------------------------------------------------------ worker plumbing
+
+@contextlib.contextmanager
+def fork_safe() -> Iterator[None]:
+    """Collect garbage, then freeze the heap around a fork: a child must never run finalizers of
+    its parent's garbage (a leftover DALI pipeline's ``__del__`` blocks forever in a child)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
 # Pool workers are forked, so they inherit the open source instead of re-reading it.
 _JOB: dict[str, Any] = {}
 
@@ -192,7 +206,9 @@ def _run_pool(fn, tasks: list, workers: int, weight, progress: bool, desc: str) 
                 bar.update(weight(t))
                 yield r
         else:
-            with mp.get_context("fork").Pool(workers) as pool:
+            with fork_safe():
+                pool = mp.get_context("fork").Pool(workers)
+            with pool:
                 for t, r in zip(tasks, pool.imap(fn, tasks)):
                     bar.update(weight(t))
                     yield r
@@ -263,7 +279,7 @@ def _write_ffcv(path: Path, items, src, cfg: ShardConfig, ncls, shape, workers: 
         import contextlib
         import io
         writer = DatasetWriter(str(tmp), fields, page_size=page, num_workers=workers)
-        with contextlib.redirect_stderr(io.StringIO()):  # FFCV's own bar; ours is the log line
+        with contextlib.redirect_stderr(io.StringIO()), fork_safe():  # FFCV forks its workers here
             writer.from_indexed_dataset(view, chunksize=256)
         if os.path.exists(view.errors_path):
             errors = Path(view.errors_path).read_text()
@@ -311,7 +327,8 @@ class _FfcvJob:
             return
         if background:
             self.proc = mp.get_context("fork").Process(target=self._child, name="sluice-ffcv-writer")
-            self.proc.start()
+            with fork_safe():
+                self.proc.start()
         else:
             self.run()
 
