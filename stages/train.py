@@ -761,8 +761,20 @@ def _init_dist(cfg: TrainConfig) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    dist.init_process_group("nccl" if use_cuda else "gloo",
-                            timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+    backend = "nccl" if use_cuda else "gloo"
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After torchrun restarts a group (a rank was killed), peers could read the dead
+        # attempt's addresses from the agent's store and fail to connect ("Connection refused"),
+        # burning every restart in seconds. Keys prefixed by the attempt keep attempts apart.
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                             is_master=False, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"sluice/attempt-{attempt}", base)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
 
 
 def _selector_from(spec: dict[str, Any] | None) -> Selector | None:
