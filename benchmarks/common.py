@@ -1,7 +1,6 @@
 """Helpers shared by the benchmarks: timing, tables and JSON results."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time

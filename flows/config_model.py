@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stages.augment import AugmentSpec, Flip, RandomResizedCrop, Translate
+from stages.augment import AugmentSpec, Flip, Translate
 from stages.loader import LoaderConfig
 from stages.select import SelectionConfig
 from stages.shard import PrepareConfig

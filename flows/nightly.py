@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 from datetime import datetime, timezone

@@ -19,8 +19,6 @@ Supported sources:
 from __future__ import annotations
 
 import gzip
-import io
-import os
 import re
 import tarfile
 from dataclasses import dataclass

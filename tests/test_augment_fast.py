@@ -8,9 +8,6 @@ import torch
 
 from stages.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize, RandomResizedCrop,
                             TorchAugment, Translate)
-from stages.loader import Loader, LoaderConfig
-from stages.samplers import SamplerConfig
-from storage.artifact import open_artifact
 
 pytest.importorskip("cv2")
 
@@ -120,30 +117,6 @@ def test_fast_path_is_reproducible_and_pickles():
     b = pickle.loads(pickle.dumps(a))
     b.reseed(5)
     assert torch.equal(b(x), y1)
-
-
-def test_loader_uses_fast_path_with_exact_order_and_resume(fmnist_artifact):
-    art = open_artifact(fmnist_artifact.root)
-    cfg = LoaderConfig(split="train", batch_size=32, backend="memory", workers=2, augment=AugmentSpec.standard(),
-                       sampler=SamplerConfig(kind="shuffle", seed=5))
-    full = Loader(art, cfg)
-    assert full.augment.fast_cpu
-    full.set_epoch(1)
-    ref = list(full)
-    assert np.array_equal(torch.cat([b.indices for b in ref]).numpy(), full.epoch_indices(1))
-    part = Loader(art, cfg)
-    part.set_epoch(1)
-    it = iter(part)
-    for _ in range(3):
-        next(it)
-    state = part.state_dict()
-    it.close()
-    resumed = Loader(art, cfg)
-    resumed.load_state_dict(state)
-    rest = list(resumed)
-    assert len(rest) == len(ref) - 3
-    for a, b in zip(rest, ref[3:]):
-        assert torch.equal(a.indices, b.indices) and torch.equal(a.images, b.images)
 
 
 class _FakeIndex:

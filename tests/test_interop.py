@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import numpy as np
-import pytest
 
 from stages.ingest import IngestConfig, open_source, plan_splits
 from stages.shard import ShardConfig, shard_dataset

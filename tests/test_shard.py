@@ -1,7 +1,6 @@
 """The sharding stage: quarantine, idempotence, kill -9 resume, formats and the CLI."""
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
