@@ -110,12 +110,10 @@ def baseline(cfg: dict[str, Any], artifact_root: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ 2. stages without Prefect
 def direct(cfg: dict[str, Any]) -> dict[str, Any]:
-    from flows.config_model import PipelineConfig
-    from stages.augment import AugmentSpec, Normalize
+    from flows.config_model import PipelineConfig, dataset_info, training_job
     from stages.evaluate import evaluate_checkpoint
     from stages.launch import launch
     from stages.loader import load_arrays
-    from stages.samplers import SamplerConfig
     from stages.select_il import irreducible_loss_scores
     from stages.shard import shard_dataset
     c = PipelineConfig.model_validate(cfg)
@@ -129,21 +127,8 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     il = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, s.manifest.fingerprint, c.scores_dir())
     sec["irreducible_loss"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
-    n_b = c.train.batch_size
-    n_big = round(n_b / c.selection.ratio)
-    sel = c.selection.model_copy(update={"n_select": n_b})
-    loader = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "drop_last": True,
-                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm])})
-    ev = c.loader.model_copy(update={"split": "test", "batch_size": 500, "augment": AugmentSpec(ops=[norm]),
-                                     "sampler": SamplerConfig(kind="sequential")})
-    selector = {"factory": "stages.select_spec:make_selector",
-                "kwargs": {"selection": sel.model_dump(mode="json"), "candidate_size": n_big,
-                           "split_size": s.manifest.counts()["train"], "fingerprint": s.manifest.fingerprint,
-                           "il_scores": il.path}}
-    result = launch(c.train, {"kind": "artifact", "root": s.root, "loader": loader.model_dump(mode="json")},
-                    {"kind": "artifact", "root": s.root, "loader": ev.model_dump(mode="json")}, nproc=c.nproc,
-                    out_dir=str(c.runs_dir() / "direct"), selector=selector)
+    job = training_job(c, dataset_info(s), il.path)
+    result = launch(**job, nproc=c.nproc, out_dir=str(c.runs_dir() / "direct"))
     sec["train"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     acc = evaluate_checkpoint(result.checkpoint, s.root, "test")["acc"]

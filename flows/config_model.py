@@ -6,6 +6,7 @@ It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,3 +66,44 @@ class PipelineConfig(BaseModel):
 
     def runs_dir(self) -> Path:
         return Path(self.data_root) / "runs"
+
+
+def dataset_info(summary) -> dict[str, Any]:
+    """What the training stage needs to know of a dataset version (plain data, cacheable),
+    from a ``stages.shard.ShardSummary``."""
+    m = summary.manifest
+    return {"root": summary.root, "fingerprint": m.fingerprint, "counts": m.counts(), "quarantined": m.quarantined,
+            "reused": summary.reused, "seconds": summary.seconds, "num_classes": m.fields.label.num_classes,
+            "channels": (m.fields.image.shape or (0, 0, 3))[2]}
+
+
+def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -> dict[str, Any]:
+    """The arguments of ``stages.launch.launch`` for this pipeline on this dataset version:
+    the train config, loader specs (train: candidate batches; eval: every sample once) and the
+    selector spec. With selection, each rank draws ``batch/ratio`` candidates and trains on
+    ``batch`` of them; only full candidate batches, so every rank does the same work."""
+    from stages.augment import Normalize
+    from stages.samplers import SamplerConfig
+    norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
+    sel = c.selection
+    n_b = n_big = c.train.batch_size
+    if sel.method != "none" and sel.n_select is None:
+        n_big = max(n_b, round(n_b / sel.ratio))
+        sel = sel.model_copy(update={"n_select": n_b})
+    train = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "drop_last": True,
+                                        "augment": AugmentSpec(ops=[*c.augment.ops, norm],
+                                                               channels_last=c.augment.channels_last)})
+    evaluate = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500, "drop_last": False,
+                                           "augment": AugmentSpec(ops=[norm]),
+                                           "sampler": SamplerConfig(kind="sequential")})
+    selector = None
+    if sel.method != "none":
+        selector = {"factory": "stages.select_spec:make_selector",
+                    "kwargs": {"selection": sel.model_dump(mode="json"), "candidate_size": n_big,
+                               "split_size": data["counts"]["train"], "fingerprint": data["fingerprint"],
+                               "il_scores": il_path}}
+    return {"config": c.train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
+                                                 "progress": False}),
+            "loader_spec": {"kind": "artifact", "root": data["root"], "loader": train.model_dump(mode="json")},
+            "eval_spec": {"kind": "artifact", "root": data["root"], "loader": evaluate.model_dump(mode="json")},
+            "selector": selector}

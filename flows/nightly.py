@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.context import FlowRunContext  # noqa: E402
 
-from flows.config_model import PipelineConfig  # noqa: E402
+from flows.config_model import PipelineConfig, dataset_info, training_job  # noqa: E402
 from flows.report import data_uri, markdown_summary, svg_curves  # noqa: E402
 from storage.fingerprint import combine, hash_obj  # noqa: E402
 
@@ -52,13 +52,6 @@ def _il_key(_ctx, params: dict[str, Any]) -> str | None:
 
 # ------------------------------------------------------------------ tasks
 
-def _dataset_info(s) -> dict[str, Any]:
-    """What later tasks need to know of a dataset version (plain data, cacheable)."""
-    m = s.manifest
-    return {"root": s.root, "fingerprint": m.fingerprint, "counts": m.counts(), "quarantined": m.quarantined,
-            "reused": s.reused, "seconds": s.seconds, "num_classes": m.fields.label.num_classes,
-            "channels": (m.fields.image.shape or (0, 0, 3))[2]}
-
 
 @task(name="shard", cache_key_fn=_shard_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
@@ -67,7 +60,7 @@ def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
     cfg = PrepareConfig.model_validate(prepare)
     s = shard_dataset(cfg.ingest, out, cfg.shard)
     get_run_logger().info("\n" + s.format())
-    return _dataset_info(s)
+    return dataset_info(s)
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2)
@@ -139,38 +132,13 @@ def _progress(metrics: Path, log, every_s: float = 15.0):
 @task(name="train", retries=1, retry_delay_seconds=10)
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
     """torchrun with ``nproc`` ranks; a retry resumes from the run's last checkpoint."""
-    from stages.augment import AugmentSpec, Normalize
     from stages.launch import launch
-    from stages.samplers import SamplerConfig
-    from stages.select import SelectionConfig
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
     log = get_run_logger()
-    norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
-    train_aug = AugmentSpec(ops=[*c.augment.ops, norm], channels_last=c.augment.channels_last)
-    sel = SelectionConfig.model_validate(c.selection)
-    n_b = c.train.batch_size
-    n_big = n_b if sel.method == "none" else max(n_b, round(n_b / sel.ratio)) if sel.n_select is None else n_b
-    if sel.method != "none" and sel.n_select is None:
-        sel = sel.model_copy(update={"n_select": n_b})
-    # Full candidate batches only: a short last batch would give ranks unequal work under selection.
-    loader = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "augment": train_aug,
-                                         "drop_last": True})
-    eval_loader = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500,
-                                              "augment": AugmentSpec(ops=[norm]), "drop_last": False,
-                                              "sampler": SamplerConfig(kind="sequential")})
-    selector = None
-    if sel.method != "none":
-        selector = {"factory": "stages.select_spec:make_selector",
-                    "kwargs": {"selection": sel.model_dump(mode="json"), "candidate_size": n_big,
-                               "split_size": data["counts"]["train"], "fingerprint": data["fingerprint"],
-                               "il_scores": il["path"] if il else None}}
-    tcfg = c.train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
-                                      "progress": False})
+    job = training_job(c, data, il["path"] if il else None)
     with _progress(Path(run_dir) / "metrics.jsonl", log):
-        result = launch(tcfg, {"kind": "artifact", "root": data["root"], "loader": loader.model_dump(mode="json")},
-                        {"kind": "artifact", "root": data["root"], "loader": eval_loader.model_dump(mode="json")},
-                        nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s, selector=selector,
+        result = launch(**job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
                         on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,
@@ -241,7 +209,7 @@ def _prepare_on_runner(config: dict[str, Any]) -> dict[str, Any]:
         return [f.result() for f in write_shard_task.map(unmapped(spec), shards)]
     s = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard, map_shards=on_runner)
     get_run_logger().info("\n" + s.format())
-    return _dataset_info(s)
+    return dataset_info(s)
 
 
 @flow(name="prepare", log_prints=True)

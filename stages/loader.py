@@ -117,7 +117,8 @@ class Loader:
 
     # ------------------------------------------------------------------ contract
     def __len__(self) -> int:
-        per_rank = len(partition(np.arange(len(self.sampler)), self.rank, self.world_size, self.config.sampler.partition))
+        n, w = len(self.sampler), self.world_size  # partition's length, without building it
+        per_rank = -(-n // w) if self.config.sampler.partition == "pad" else n // w
         bs = self.config.batch_size
         return per_rank // bs if self.config.drop_last else -(-per_rank // bs)
 

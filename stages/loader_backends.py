@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from stages.errors import require
+from stages.procs import fork_safe
 from stages.sample_index import SampleIndex
 from storage.artifact import DatasetArtifact
 
@@ -247,7 +248,6 @@ class WebDatasetBackend:
                                          sampler=batches, num_workers=self.workers,
                                          prefetch_factor=4 if self.workers else None,
                                          persistent_workers=False)
-        from stages.shard import fork_safe
         with fork_safe():  # DataLoader forks its workers when the iterator starts
             it = iter(dl)
         t = time.perf_counter()

@@ -13,7 +13,6 @@ and the manifest (written last) is what makes the artifact visible.
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import json
 import multiprocessing as mp
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stages.encode import decode_pixels, encode_image, to_label
 from stages.errors import SampleError, SluiceError, TooManyBadSamples
+from stages.procs import fork_safe
 from stages.ingest import IngestConfig, RawSample, Source, open_source, plan_splits, source_record
 from stages.tarwrite import TarShardWriter
 from storage import atomic
@@ -119,17 +119,6 @@ def _split_files(s: SplitRecord) -> list[FileRecord]:
 
 
 # ------------------------------------------------------------------ worker plumbing
-
-@contextlib.contextmanager
-def fork_safe() -> Iterator[None]:
-    """Collect garbage, then freeze the heap around a fork: a child must never run finalizers of
-    its parent's garbage (a leftover DALI pipeline's ``__del__`` blocks forever in a child)."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 # Pool workers are forked, so they inherit the open source instead of re-reading it.
 _JOB: dict[str, Any] = {}
@@ -276,7 +265,6 @@ def _write_ffcv(path: Path, items, src, cfg: ShardConfig, ncls, shape, workers: 
     Path(view.errors_path).unlink(missing_ok=True)
 
     def fill(tmp: Path) -> None:
-        import contextlib
         import io
         writer = DatasetWriter(str(tmp), fields, page_size=page, num_workers=workers)
         with contextlib.redirect_stderr(io.StringIO()), fork_safe():  # FFCV forks its workers here

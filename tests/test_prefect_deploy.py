@@ -147,7 +147,6 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
     shards_before = {p: p.stat().st_mtime_ns for p in (data / "datasets").rglob("*.tar")}
 
     # Unchanged data: Prefect serves the shard and IL results from its cache, nothing is re-sharded.
-    started = time.time()
     state, out = stack.run_deployment("nightly-retrain/adhoc", _tiny(data))
     assert state == "COMPLETED", out[-4000:]
     runs = _api(stack.url, "/task_runs/filter", {"sort": "EXPECTED_START_TIME_DESC", "limit": 50})
@@ -160,7 +159,6 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (data / "datasets").rglob("*.tar")} == shards_before
     assert reg.champion().model_id == champ.model_id   # not replaced without a clear win
     assert len(reg.list()) == 2
-    assert started < time.time()
 
     # A failing run (missing source) fails the flow and leaves the champion and datasets alone.
     state, out = stack.run_deployment("nightly-retrain/adhoc",
