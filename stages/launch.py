@@ -127,7 +127,7 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
     tail: list[str] = []
     with open(log, "a") as f, subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-            start_new_session=True) as p:
+            start_new_session=True, preexec_fn=_die_with_parent(os.getpid())) as p:
         watchdog = threading.Timer(timeout_s, _stop, args=(p,)) if timeout_s else None
         if watchdog is not None:
             watchdog.daemon = True
@@ -149,6 +149,26 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
             raise LaunchError(f"training exceeded timeout_s={timeout_s:g} and was stopped. "
                               f"Log: {log}")
     return rc, tail
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM torchrun when the process that launched it dies.
+
+    torchrun runs in its own session (so a timeout can stop its whole group), which also means a
+    ``kill -9`` of the flow process would leave it training as an orphan. On SIGTERM torchrun
+    stops its workers, so nothing outlives a killed flow run. Not available off Linux (None).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def arm() -> None:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
 
 
 def _stop(p: subprocess.Popen) -> None:

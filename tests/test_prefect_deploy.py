@@ -203,3 +203,70 @@ def test_shard_map_runs_on_a_dask_cluster(stack, tmp_path):
     assert art.manifest.counts() == {"train": 800, "holdout": 100, "val": 100, "test": 1000}
     runs = _api(stack.url, "/task_runs/filter", {"task_runs": {"name": {"like_": "write-shard"}}, "limit": 200})
     assert len([t for t in runs if t["state"]["type"] == "COMPLETED"]) >= 10
+
+
+def _flow_run_pids(run_id: str) -> list[int]:
+    """Processes executing this flow run (the worker exports its id to the run's process)."""
+    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
+    pids = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in env.read_bytes().split(b"\0"):
+                pids.append(int(env.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _wait_for(what: str, check, timeout: float = 300, every: float = 1.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")
+def test_killed_flow_run_is_crashed_and_the_next_run_succeeds(stack, tmp_path):
+    """kill -9 of the process running a flow (OOM killer, node loss) mid-training: Prefect marks
+    the run Crashed, torchrun and its ranks die with it, the registry is untouched, and the next
+    run on the same data completes."""
+    from storage.registry import Registry
+    data = tmp_path / "data"
+    long_run = _tiny(data, train={"max_steps": 100000, "batch_size": 32, "comm": {"mode": "none"}})
+    r = stack.cli("deployment", "run", "nightly-retrain/adhoc", "--params", json.dumps({"config": long_run}))
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id = next(line.split()[-1] for line in (r.stdout + r.stderr).splitlines() if "UUID:" in line)
+
+    def training() -> bool:
+        runs = _api(stack.url, "/task_runs/filter",
+                    {"flow_runs": {"id": {"any_": [run_id]}}, "limit": 50})
+        return any(t["name"].startswith("train-") and t["state"]["type"] == "RUNNING" for t in runs)
+    _wait_for("the train task to start", training, timeout=400)
+    metrics = _wait_for("training steps", lambda: list((data / "runs").rglob("metrics.jsonl")), timeout=200)
+    _wait_for("a few logged steps", lambda: metrics[0].stat().st_size > 0, timeout=200)
+
+    pids = _flow_run_pids(run_id)  # the flow's process, torchrun and the ranks inherit the id
+    top = [p for p in pids if _parent(p) not in pids]
+    assert len(top) == 1 and len(pids) >= 4, (top, pids)  # flow process + torchrun + 2 ranks
+    os.kill(top[0], signal.SIGKILL)  # only the flow's process: the rest must follow by themselves
+
+    _wait_for("Prefect to mark the run crashed",
+              lambda: _api(stack.url, f"/flow_runs/{run_id}")["state"]["type"] == "CRASHED", timeout=120)
+    # torchrun and its ranks inherit the run id in their environment: all of them must be gone
+    _wait_for("torchrun and its ranks to exit", lambda: not _flow_run_pids(run_id), timeout=60)
+    reg = Registry(data / "registry")
+    assert reg.list() == [] and reg.champion() is None
+
+    state, out = stack.run_deployment("nightly-retrain/adhoc", _tiny(data))
+    assert state == "COMPLETED", out[-4000:]
+    assert reg.champion() is not None and len(reg.list()) == 1
