@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stages.augment import AugmentSpec, Flip, Translate
 from stages.loader import LoaderConfig
@@ -25,13 +25,37 @@ class PromotionConfig(BaseModel):
 
 
 def _default_train() -> TrainConfig:
-    return TrainConfig(epochs=4, batch_size=128, lr=0.2, schedule="onecycle", amp="bf16",
+    return TrainConfig(model="small_cnn", model_kwargs={"width": 32, "hidden": 256},
+                       epochs=4, batch_size=128, lr=0.1, schedule="onecycle", amp="bf16", channels_last=True,
                        normalize_mean=[0.2860], normalize_std=[0.3530],
                        comm=CommConfig(mode="powersgd", powersgd_rank=2, start_iter=10), progress=True)
 
 
 def _default_augment() -> AugmentSpec:
     return AugmentSpec(ops=[Translate(pad=2), Flip()])
+
+
+def _default_selection() -> SelectionConfig:
+    return SelectionConfig(method="rho_loss", ratio=0.5)
+
+
+def _default_loader() -> LoaderConfig:
+    return LoaderConfig(backend="auto", prefetch=2)
+
+
+# The sections whose pipeline defaults differ from their stage's own defaults. A partial section
+# (``train: {max_steps: 500}``, ``--set train.epochs=8``) is merged over these, not over the
+# stage's class defaults, so it changes only what it names.
+_SECTION_DEFAULTS = {"train": _default_train, "selection": _default_selection,
+                     "loader": _default_loader, "augment": _default_augment}
+
+
+def _merge_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        leaf = k == "model_kwargs" or not (isinstance(v, dict) and isinstance(out.get(k), dict))
+        out[k] = v if leaf else _merge_over(out[k], v)
+    return out
 
 
 class PipelineConfig(BaseModel):
@@ -42,8 +66,8 @@ class PipelineConfig(BaseModel):
     prepare: PrepareConfig = Field(default_factory=PrepareConfig)
     augment: AugmentSpec = Field(default_factory=_default_augment,
                                  description="training augmentation; normalisation is added from train.normalize_*")
-    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(backend="auto", prefetch=2))
-    selection: SelectionConfig = Field(default_factory=lambda: SelectionConfig(method="rho_loss", ratio=0.5))
+    loader: LoaderConfig = Field(default_factory=_default_loader)
+    selection: SelectionConfig = Field(default_factory=_default_selection)
     train: TrainConfig = Field(default_factory=_default_train)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     nproc: int = Field(2, ge=1, description="training processes (torchrun ranks) on this machine")
@@ -53,6 +77,21 @@ class PipelineConfig(BaseModel):
                                             "dask://host:port (a Dask cluster via prefect-dask; workers must "
                                             "see the same paths)")
     train_timeout_s: float = Field(3600, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_sections_keep_pipeline_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, factory in _SECTION_DEFAULTS.items():
+            given = data.get(name)
+            if isinstance(given, dict):
+                base = factory().model_dump(mode="json", exclude_unset=False)
+                if name == "train" and "model" in given and "model_kwargs" not in given:
+                    base["model_kwargs"] = {}  # another model: the default's kwargs do not apply
+                data[name] = _merge_over(base, given)
+        return data
 
     # where things live
     def dataset_dir(self) -> Path:
@@ -92,7 +131,8 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
         sel = sel.model_copy(update={"n_select": n_b})
     train = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "drop_last": True,
                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm],
-                                                               channels_last=c.augment.channels_last)})
+                                                               channels_last=c.augment.channels_last
+                                                               or c.train.channels_last)})
     evaluate = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500, "drop_last": False,
                                            "augment": AugmentSpec(ops=[norm]),
                                            "sampler": SamplerConfig(kind="sequential")})

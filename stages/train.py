@@ -510,7 +510,8 @@ class _Run:
             w = None
             if self.selector is not None:
                 ts = time.perf_counter()
-                sb = self.selector(self.model, x, y, idx)
+                with _autocast(cfg, self.d.device):  # the scoring pass gets AMP's speed too
+                    sb = self.selector(self.model, x, y, idx)
                 select_s += time.perf_counter() - ts
                 x, y, w = sb.images, sb.labels, sb.weights
                 for k, v in sb.stats.items():

@@ -1,0 +1,47 @@
+"""The pipeline config: one shape from YAML, --set and Python; partial sections keep the
+pipeline's defaults; bad fields are refused with their path."""
+from __future__ import annotations
+
+import pytest
+
+from flows.config import ConfigError, load_config
+from flows.config_model import PipelineConfig
+
+
+def test_a_partial_section_changes_only_what_it_names(tmp_path):
+    default = PipelineConfig()
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  max_steps: 500\n  comm: {start_iter: 30}\nselection: {ratio: 0.25}\n")
+    c = load_config(PipelineConfig, f, ["train.epochs=8"])
+    assert (c.train.max_steps, c.train.epochs, c.train.comm.start_iter) == (500, 8, 30)
+    assert c.selection.ratio == 0.25 and c.selection.method == default.selection.method
+    # everything not named is the pipeline's default, not the stage class's own default
+    for field in ("amp", "channels_last", "model_kwargs", "normalize_mean", "lr"):
+        assert getattr(c.train, field) == getattr(default.train, field), field
+    assert c.train.comm.mode == default.train.comm.mode == "powersgd"
+    assert c.augment == default.augment
+
+
+def test_python_yaml_and_dumped_configs_agree(tmp_path):
+    c = PipelineConfig.model_validate({"train": {"max_steps": 7}})
+    assert PipelineConfig.model_validate(c.model_dump(mode="json")) == c
+    f = tmp_path / "c.yaml"
+    f.write_text("train: {max_steps: 7}\n")
+    assert load_config(PipelineConfig, f) == c
+
+
+def test_another_model_does_not_inherit_the_default_model_kwargs():
+    c = PipelineConfig.model_validate({"train": {"model": "resnet_small"}})
+    assert c.train.model_kwargs == {}
+    c = PipelineConfig.model_validate({"train": {"model_kwargs": {"width": 8}}})
+    assert c.train.model_kwargs == {"width": 8}  # replaced whole, not merged key by key
+
+
+@pytest.mark.parametrize("overrides, path", [(["train.bogus=1"], "train.bogus"),
+                                             (["train.lr=fast"], "train.lr"),
+                                             (["selection.ratio=2"], "selection.ratio"),
+                                             (["prepare.ingest.limit=-5"], "prepare.ingest.limit")])
+def test_bad_fields_are_refused_with_their_path(overrides, path):
+    with pytest.raises(ConfigError) as e:
+        load_config(PipelineConfig, None, overrides)
+    assert path in str(e.value)
