@@ -32,14 +32,16 @@ from benchmarks.common import table, write_result
 TARGET = 0.93
 
 
-def pipeline_config(root: Path, quick: bool) -> dict[str, Any]:
+def pipeline_config(root: Path, quick: bool, selection: str = "rho_loss",
+                    epochs: float | None = None) -> dict[str, Any]:
     """The demo's pipeline with a budget for 93%: SmallCNN with the dense head (871k parameters,
-    the shape PowerSGD is for), bf16 autocast + channels-last, RHO-LOSS at 50%, PowerSGD rank 2."""
-    epochs = 1.5 if quick else 12
+    the shape PowerSGD is for), bf16 autocast + channels-last, RHO-LOSS at 50% (or another
+    ``selection`` method), PowerSGD rank 2. The baseline trains the same model for as many epochs."""
+    epochs = epochs or (1.5 if quick else 12)
     return {
         "data_root": str(root),
         "prepare": {"ingest": {"limit": 20000 if quick else None}, "shard": {"progress": False}},
-        "selection": {"method": "rho_loss", "ratio": 0.5, "il": {"epochs": 2 if quick else 4}},
+        "selection": {"method": selection, "ratio": 0.5, "il": {"epochs": 3 if quick else 10}},
         "augment": {"ops": [{"op": "translate", "pad": 2}, {"op": "flip"}]},
         "train": {"model": "small_cnn", "model_kwargs": {"width": 32, "hidden": 256}, "epochs": epochs,
                   "batch_size": 128, "lr": 0.1, "schedule": "onecycle", "amp": "bf16", "channels_last": True,
@@ -124,12 +126,15 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     s = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard)
     sec["shard"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    hx, hy = load_arrays(s.root, "holdout")
-    tx, ty = load_arrays(s.root, "train")
-    il = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, s.manifest.fingerprint, c.scores_dir())
+    il_path = None
+    if c.selection.method == "rho_loss":  # as the flow: the IL model only where it is used
+        hx, hy = load_arrays(s.root, "holdout")
+        tx, ty = load_arrays(s.root, "train")
+        il_path = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, s.manifest.fingerprint,
+                                          c.scores_dir()).path
     sec["irreducible_loss"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    job = training_job(c, dataset_info(s), il.path)
+    job = training_job(c, dataset_info(s), il_path)
     result = launch(**job, nproc=c.nproc, out_dir=str(c.runs_dir() / "direct"))
     sec["train"] = time.perf_counter() - t2
     t3 = time.perf_counter()
@@ -137,7 +142,8 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     sec["evaluate"] = time.perf_counter() - t3
     before_train = sec["shard"] + sec["irreducible_loss"]
     return {"seconds_per_stage": sec, "seconds": sum(sec.values()), "test_acc": acc, "evals": result.evals,
-            "artifact": s.root, "seconds_to_target": time_to(result.evals, TARGET, before_train)}
+            "artifact": s.root, "seconds_to_target": time_to(result.evals, TARGET, before_train),
+            "seconds_to_target_wall": time_to(result.evals, TARGET, before_train + _startup(sec["train"], result.evals))}
 
 
 # ------------------------------------------------------------------ 3. through Prefect
@@ -152,7 +158,15 @@ def via_prefect(cfg: dict[str, Any]) -> dict[str, Any]:
     evals = json.loads(json.dumps([json.loads(line)["eval"] for line in
                                    Path(r["train"]["metrics_path"]).read_text().splitlines() if '"eval"' in line]))
     return {"seconds_per_stage": sec, "seconds": wall, "test_acc": r["promotion"]["candidate_value"],
-            "evals": evals, "seconds_to_target": time_to(evals, TARGET, sec["shard"] + sec["irreducible_loss"])}
+            "evals": evals, "seconds_to_target": time_to(evals, TARGET, sec["shard"] + sec["irreducible_loss"]),
+            "seconds_to_target_wall": time_to(evals, TARGET, sec["shard"] + sec["irreducible_loss"]
+                                              + _startup(sec["train"], evals))}
+
+
+def _startup(train_wall: float, evals: list[dict[str, Any]]) -> float:
+    """Train-stage time outside the training clock (torchrun start, imports, decoding the split,
+    the final evaluation), all charged before the first step: an upper bound for the wall clock."""
+    return max(0.0, train_wall - (evals[-1]["elapsed_s"] if evals else 0.0))
 
 
 def start_embedded_api() -> float:
@@ -172,16 +186,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="20k samples, 1.5 epochs (about 3-5 minutes here)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    ap.add_argument("--selection", default="rho_loss",
+                    choices=["rho_loss", "loss", "selective_backprop", "importance", "none"],
+                    help="the pipeline's selection method (default rho_loss, as in the demo)")
+    ap.add_argument("--epochs", type=float, help="training epochs for every run (default 12; quick 1.5)")
     args = ap.parse_args(argv)
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="sluice-bench-prefect-"))
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-pipeline-"))
     try:
-        d = direct(pipeline_config(tmp / "direct", args.quick))
+        d = direct(pipeline_config(tmp / "direct", args.quick, args.selection, args.epochs))
         print(f"direct: {d['seconds']:.1f} s, test acc {d['test_acc']:.4f}", flush=True)
-        b = baseline(pipeline_config(tmp / "direct", args.quick), d["artifact"])
+        b = baseline(pipeline_config(tmp / "direct", args.quick, args.selection, args.epochs), d["artifact"])
         print(f"baseline: {b['seconds']:.1f} s, test acc {b['test_acc']:.4f}", flush=True)
         startup = start_embedded_api()
-        p = via_prefect(pipeline_config(tmp / "prefect", args.quick))
+        p = via_prefect(pipeline_config(tmp / "prefect", args.quick, args.selection, args.epochs))
         print(f"prefect: {p['seconds']:.1f} s, test acc {p['test_acc']:.4f}", flush=True)
     finally:
         if not args.keep:
@@ -198,11 +216,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"orchestration overhead: {100 * overhead:+.1f}% (goal <= 5%)")
     best = p["seconds_to_target"]
     goal = best is not None and (b["seconds_to_target"] is None or best < b["seconds_to_target"])
+    print(f"time to {TARGET:.0%} counting start-up as training (upper bound): sluice "
+          f"{p['seconds_to_target_wall']} s (direct {d['seconds_to_target_wall']} s)")
     print(f"time to {TARGET:.0%}: sluice {best} s, baseline {b['seconds_to_target']} s -> "
           f"{'MET' if goal else 'NOT MET'}")
-    result = {"mode": "quick" if args.quick else "full", "seconds_per_stage": p["seconds_per_stage"],
+    result = {"mode": "quick" if args.quick else "full", "selection": args.selection,
+              "epochs": pipeline_config(tmp, args.quick, args.selection, args.epochs)["train"]["epochs"],
+              "seconds_per_stage": p["seconds_per_stage"],
               "seconds_per_stage_direct": d["seconds_per_stage"], "test_acc": p["test_acc"],
               "seconds_to_93": p["seconds_to_target"], "baseline_seconds_to_93": b["seconds_to_target"],
+              "seconds_to_93_wall_upper_bound": p["seconds_to_target_wall"],
+              "direct_seconds_to_93": d["seconds_to_target"],
               "baseline_test_acc": b["test_acc"], "orchestration_overhead": overhead,
               "prefect_startup_seconds": startup, "direct_seconds": d["seconds"], "prefect_seconds": p["seconds"],
               "baseline_seconds": b["seconds"], "goal_93_faster_than_baseline": goal,

@@ -170,8 +170,8 @@ def prepare(level: float, a: argparse.Namespace, arrays, base_fp: str, scores_ro
     hold, train = perm[:a.holdout], perm[a.holdout:a.holdout + a.train_size]
     fp = combine(base_fp, hash_obj({"noise": level, "noise_seed": a.noise_seed,
                                     "holdout": a.holdout, "train_size": a.train_size}))
-    il_cfg = ILModelConfig(model_kwargs={"width": a.width}, epochs=a.il_epochs, lr=a.il_lr,
-                           batch_size=128, optimizer="adamw")
+    il_cfg = ILModelConfig(model_kwargs={"width": a.il_width, "hidden": a.il_hidden},
+                           epochs=a.il_epochs, lr=a.il_lr, batch_size=128, optimizer="adamw")
     il = irreducible_loss_scores(il_cfg, tr_x[hold], noise.labels[hold], tr_x[train],
                                  noise.labels[train], fp, scores_root)
     order = np.random.default_rng(1).permutation(len(te_y))
@@ -228,7 +228,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--sb-nB", dest="sb_nB", type=int, default=128,
                    help="candidates for selective backprop (keeps ~1/(1+beta) of them)")
     p.add_argument("--score-mode", choices=["train", "eval"], default="train")
-    p.add_argument("--width", type=int, default=16, help="small_cnn width (same for all)")
+    p.add_argument("--width", type=int, default=32, help="small_cnn width (same for all)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--amp", choices=["none", "bf16"], default="bf16",
                    help="autocast for every forward (scoring, training, eval); all methods alike")
@@ -240,6 +240,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--train-size", dest="train_size", type=int)
     p.add_argument("--il-epochs", dest="il_epochs", type=int)
     p.add_argument("--il-lr", dest="il_lr", type=float, default=2e-3)
+    p.add_argument("--il-width", dest="il_width", type=int, default=32, help="IL model: small_cnn width")
+    p.add_argument("--il-hidden", dest="il_hidden", type=int, default=256,
+                   help="IL model: dense head units (0: pooled head); a stronger IL model keeps "
+                        "RHO-LOSS filtering noise for longer")
     p.add_argument("--eval-every", dest="eval_every", type=int)
     p.add_argument("--eval-size", dest="eval_size", type=int, help="test samples per curve point")
     p.add_argument("--final-size", dest="final_size", type=int, help="test samples for final_acc")
@@ -252,7 +256,7 @@ def parse(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     quick = dict(seeds=1, steps=200, holdout=3000, train_size=12000, il_epochs=3, eval_every=20,
                  eval_size=1000, final_size=4000, targets=[0.8, 0.85])
-    full = dict(seeds=2, steps=1000, holdout=10000, train_size=50000, il_epochs=5, eval_every=50,
+    full = dict(seeds=2, steps=3000, holdout=10000, train_size=50000, il_epochs=10, eval_every=100,
                 eval_size=3000, final_size=10000, targets=[0.85, 0.88])
     for k, v in (quick if a.quick else full).items():
         if getattr(a, k) is None:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stages.augment import AugmentSpec, Flip, Translate
 from stages.loader import LoaderConfig
-from stages.select import SelectionConfig
+from stages.select import ILModelConfig, SelectionConfig
 from stages.shard import PrepareConfig
 from stages.train import CommConfig, TrainConfig
 
@@ -36,7 +36,11 @@ def _default_augment() -> AugmentSpec:
 
 
 def _default_selection() -> SelectionConfig:
-    return SelectionConfig(method="rho_loss", ratio=0.5)
+    # the IL model: the dense-head SmallCNN, 10 epochs on the holdout (≈ 90% test accuracy from
+    # 6k Fashion-MNIST samples; the pooled head reaches ≈ 86%, and a weak IL model makes RHO-LOSS
+    # skip hard-but-learnable samples)
+    return SelectionConfig(method="rho_loss", ratio=0.5,
+                           il=ILModelConfig(model_kwargs={"width": 32, "hidden": 256}))
 
 
 def _default_loader() -> LoaderConfig:

@@ -34,7 +34,7 @@ class ILModelConfig(BaseModel):
 
     architecture: str = Field("small_cnn", description="stages.models name or 'pkg.mod:factory'")
     model_kwargs: dict[str, int | float | str | bool] = Field(default_factory=dict)
-    epochs: int = Field(4, ge=1)
+    epochs: int = Field(10, ge=1)
     lr: float = Field(2e-3, gt=0)
     batch_size: int = Field(128, ge=1)
     optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
@@ -44,6 +44,11 @@ class ILModelConfig(BaseModel):
     mean: list[float] = Field(default_factory=lambda: [0.2860],
                               description="per-channel mean for uint8 images (after /255)")
     std: list[float] = Field(default_factory=lambda: [0.3530])
+    amp: Literal["none", "bf16"] = Field(
+        "bf16", description="bf16 autocast + channels-last for training and scoring (~3x on CPUs "
+                            "with AVX512-bf16/AMX)")
+    flip: bool = Field(True, description="random horizontal flips while training (a better IL "
+                                         "model from a small holdout); off for non-mirrorable data")
     score_batch_size: int = Field(1024, ge=1, description="batch size when scoring; not keyed")
 
 
@@ -100,12 +105,20 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
     sched = torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=config.lr, total_steps=config.epochs * -(-len(images) // config.batch_size))
     gen = torch.Generator().manual_seed(config.seed)
+    if config.amp == "bf16":
+        model = model.to(memory_format=torch.channels_last)
     model.train()
     for _ in range(config.epochs):
         for idx in torch.randperm(len(images), generator=gen).split(config.batch_size):
             if len(idx) < 2:  # BatchNorm needs two samples in train mode
                 continue
-            loss = F.cross_entropy(model(images[idx].to(device)), labels[idx].to(device))
+            x = images[idx].to(device)
+            if config.flip:
+                flip = torch.rand(len(idx), generator=gen) < 0.5
+                x[flip] = x[flip].flip(-1)
+            with _amp(config, device):
+                out = model(_layout(x, config))
+            loss = F.cross_entropy(out.float(), labels[idx].to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -113,14 +126,26 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
     return model.eval()
 
 
+def _amp(config: ILModelConfig, device: str | torch.device):
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                          enabled=config.amp == "bf16")
+
+
+def _layout(x: torch.Tensor, config: ILModelConfig) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if config.amp == "bf16" and x.ndim == 4 else x
+
+
 @torch.no_grad()
 def per_sample_loss(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                    batch_size: int = 1024, device: str | torch.device = "cpu") -> np.ndarray:
+                    batch_size: int = 1024, device: str | torch.device = "cpu",
+                    config: ILModelConfig | None = None) -> np.ndarray:
     """Cross-entropy of every sample under ``model`` in eval mode, as float32."""
     model.eval()
+    config = config or ILModelConfig(amp="none")
     out = []
     for s in range(0, len(images), batch_size):
-        logits = model(images[s:s + batch_size].to(device)).float()
+        with _amp(config, device):
+            logits = model(_layout(images[s:s + batch_size].to(device), config)).float()
         out.append(F.cross_entropy(logits, labels[s:s + batch_size].to(device),
                                    reduction="none").cpu())
     return torch.cat(out).numpy().astype(np.float32)
@@ -172,7 +197,7 @@ def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_label
     t0 = time.perf_counter()
     model = train_il_model(config, hx, hy, num_classes, device)
     t1 = time.perf_counter()
-    values = per_sample_loss(model, tx, ty, config.score_batch_size, device)
+    values = per_sample_loss(model, tx, ty, config.score_batch_size, device, config)
     t2 = time.perf_counter()
     extra = {"train_seconds": round(t1 - t0, 3), "score_seconds": round(t2 - t1, 3),
              "holdout_size": n_hold, "holdout_accuracy": _accuracy(model, hx, hy, config, device)}
@@ -189,6 +214,7 @@ def _accuracy(model, x, y, config: ILModelConfig, device) -> float:
     """Training accuracy on the holdout (a sanity figure: near 0 or 1/num_classes means trouble)."""
     hits = 0
     for s in range(0, len(x), config.score_batch_size):
-        hits += int((model(x[s:s + config.score_batch_size].to(device)).argmax(1).cpu()
-                     == y[s:s + config.score_batch_size]).sum())
+        with _amp(config, device):
+            pred = model(_layout(x[s:s + config.score_batch_size].to(device), config)).argmax(1)
+        hits += int((pred.cpu() == y[s:s + config.score_batch_size]).sum())
     return round(hits / max(1, len(x)), 4)
