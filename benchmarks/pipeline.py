@@ -142,6 +142,7 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     sec["evaluate"] = time.perf_counter() - t3
     before_train = sec["shard"] + sec["irreducible_loss"]
     return {"seconds_per_stage": sec, "seconds": sum(sec.values()), "test_acc": acc, "evals": result.evals,
+            "epochs": c.train.epochs,
             "artifact": s.root, "seconds_to_target": time_to(result.evals, TARGET, before_train),
             "seconds_to_target_wall": time_to(result.evals, TARGET, before_train + _startup(sec["train"], result.evals))}
 
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"time to {TARGET:.0%}: sluice {best} s, baseline {b['seconds_to_target']} s -> "
           f"{'MET' if goal else 'NOT MET'}")
     result = {"mode": "quick" if args.quick else "full", "selection": args.selection,
-              "epochs": pipeline_config(tmp, args.quick, args.selection, args.epochs)["train"]["epochs"],
+              "epochs": d["epochs"],
               "seconds_per_stage": p["seconds_per_stage"],
               "seconds_per_stage_direct": d["seconds_per_stage"], "test_acc": p["test_acc"],
               "seconds_to_93": p["seconds_to_target"], "baseline_seconds_to_93": b["seconds_to_target"],

@@ -68,13 +68,15 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
                 base: dict[str, Any] | None = None) -> M:
     data = dict(base or {})
     if path:
-        data = _merge(data, read_config_file(path))
+        data = merge(data, read_config_file(path))
     data = apply_overrides(data, overrides or [])
     return validate(model, data, origin=str(path) if path else "config")
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def merge(a: dict[str, Any], b: dict[str, Any], leaves: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``b`` deep-merged over ``a``; keys in ``leaves`` (and non-dicts) are replaced whole."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        nested = k not in leaves and isinstance(v, dict) and isinstance(out.get(k), dict)
+        out[k] = merge(out[k], v, leaves) if nested else v
     return out

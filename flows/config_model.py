@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flows.config import merge
 from stages.augment import AugmentSpec, Flip, Translate
 from stages.loader import LoaderConfig
 from stages.select import ILModelConfig, SelectionConfig
@@ -54,14 +55,6 @@ _SECTION_DEFAULTS = {"train": _default_train, "selection": _default_selection,
                      "loader": _default_loader, "augment": _default_augment}
 
 
-def _merge_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        leaf = k == "model_kwargs" or not (isinstance(v, dict) and isinstance(out.get(k), dict))
-        out[k] = v if leaf else _merge_over(out[k], v)
-    return out
-
-
 class PipelineConfig(BaseModel):
     """Everything the nightly pipeline does, stage by stage."""
     model_config = ConfigDict(extra="forbid")
@@ -91,10 +84,10 @@ class PipelineConfig(BaseModel):
         for name, factory in _SECTION_DEFAULTS.items():
             given = data.get(name)
             if isinstance(given, dict):
-                base = factory().model_dump(mode="json", exclude_unset=False)
+                base = factory().model_dump(mode="json")
                 if name == "train" and "model" in given and "model_kwargs" not in given:
                     base["model_kwargs"] = {}  # another model: the default's kwargs do not apply
-                data[name] = _merge_over(base, given)
+                data[name] = merge(base, given, leaves=("model_kwargs",))
         return data
 
     # where things live
