@@ -126,12 +126,14 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
     if sel.method != "none" and sel.n_select is None:
         n_big = max(n_b, round(n_b / sel.ratio))
         sel = sel.model_copy(update={"n_select": n_b})
+    if sel.method == "importance":  # the loader's candidates are uniform: n_b are redrawn by p
+        sel = sel.model_copy(update={"importance_draw": "candidates"})
     train = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "drop_last": True,
                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm],
                                                                channels_last=c.augment.channels_last
                                                                or c.train.channels_last)})
     evaluate = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500, "drop_last": False,
-                                           "augment": AugmentSpec(ops=[norm]),
+                                           "augment": AugmentSpec(ops=[norm]), "resolution": None,
                                            "sampler": SamplerConfig(kind="sequential")})
     selector = None
     if sel.method != "none":

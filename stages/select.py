@@ -73,6 +73,10 @@ class SelectionConfig(BaseModel):
     smoothing: float = Field(0.1, ge=0, le=1, description="importance: mix of uniform in p")
     estimate_momentum: float = Field(0.0, ge=0, lt=1,
                                      description="importance: EMA of loss estimates (0 = latest)")
+    importance_draw: Literal["sampler", "candidates"] = Field(
+        "sampler", description="importance: 'sampler' = batches are drawn from selector.sampler "
+        "(a plain loop), weights 1/(N p); 'candidates' = any loader's uniform candidate batch of "
+        "n_B, n_b of them redrawn in proportion to p, weights 1/(n_B q) (the training stage)")
     beta: float = Field(1.0, gt=0, description="selective backprop: keep prob = percentile**beta")
     history_size: int = Field(1024, ge=1, description="selective backprop: recent losses kept")
     min_keep_prob: float = Field(0.0, ge=0, le=1, description="selective backprop: floor")
@@ -328,11 +332,20 @@ class ImportanceSampler:
 
 
 class ImportanceSelector(_Base):
-    """Passes the (importance-sampled) batch through with weights 1/(N p_i)."""
+    """Importance-sampled batches with unbiased weights, in one of two ways (``importance_draw``):
 
-    def __init__(self, config: SelectionConfig, sampler: ImportanceSampler,
+    * ``sampler``: the batch was drawn from ``self.sampler`` (p over the split); it passes
+      through with weights ``1/(N p_i)``.
+    * ``candidates``: the batch is a *uniform* candidate batch of n_B from any loader (the
+      training stage's shuffled shards); ``n_b`` of them are redrawn with replacement in
+      proportion to p restricted to the batch (``q_i = p_i / sum_batch p``) and weighted
+      ``1/(n_B q_i)``: unbiased for the candidate mean, hence for the split's mean
+      (Katharopoulos & Fleuret 2018's presampling). No scoring pass: p comes from estimates.
+    """
+
+    def __init__(self, config: SelectionConfig, sampler: ImportanceSampler, n_select: int | None,
                  il: torch.Tensor | None, noise_mask: torch.Tensor | None):
-        super().__init__(config, None, il, noise_mask)
+        super().__init__(config, n_select, il, noise_mask)
         self.sampler = sampler
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
@@ -340,9 +353,19 @@ class ImportanceSelector(_Base):
         if idx.size and (idx.min() < 0 or idx.max() >= self.sampler.n):
             raise SelectionError(f"sample index {int(idx.max())} outside the split of "
                                  f"{self.sampler.n} samples")
-        w = torch.as_tensor(self.sampler.weights(idx), dtype=torch.float32, device=images.device)
-        pos = torch.arange(images.shape[0], device=images.device)
-        stats = self._stats(indices, pos, None)
+        cand = indices
+        if self.config.importance_draw == "candidates":
+            p = self.sampler.probabilities()[idx]
+            q = torch.as_tensor(p / p.sum(), dtype=torch.float64)
+            pick = torch.multinomial(q, self._n(len(idx)), replacement=True, generator=self.generator)
+            w = (1.0 / (len(idx) * q[pick])).to(torch.float32)
+            pos = pick.to(images.device)
+            images, labels, indices = images[pos], labels[pos], indices[pos]
+            w = w.to(images.device)
+        else:
+            w = torch.as_tensor(self.sampler.weights(idx), dtype=torch.float32, device=images.device)
+            pos = torch.arange(images.shape[0], device=images.device)
+        stats = self._stats(cand, pos, None)
         stats.update(weight_mean=float(w.mean()), weight_max=float(w.max()))
         return SelectedBatch(images, labels, indices, w, stats)
 
@@ -418,7 +441,8 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
                 raise SelectionError("importance sampling needs split_size (or a sampler)")
             sampler = ImportanceSampler(length, config.smoothing, config.estimate_momentum,
                                         config.seed + _rank())  # ranks draw different indices
-        return ImportanceSelector(config, sampler, il, noise)
+        n = n_b if config.importance_draw == "candidates" else None
+        return ImportanceSelector(config, sampler, n, il, noise)
     cls = {"uniform": UniformSelector, "loss": TopKSelector, "rho_loss": TopKSelector,
            "selective_backprop": SelectiveBackpropSelector}[config.method]
     return cls(config, n_b, il, noise)

@@ -525,6 +525,9 @@ class _Run:
                                       label_smoothing=cfg.label_smoothing)
                 loss = (per * w).mean() if w is not None else per.mean()
                 self.scaler.scale(loss / cfg.accum_steps).backward()
+            if self.selector is not None and hasattr(self.selector, "observe"):
+                # stateful selectors (importance estimates) learn from the trained samples' losses
+                self.selector.observe(sb.indices, per.detach())
             lv = loss.item()
             nonfinite += 0 if math.isfinite(lv) else 1
             loss_sum += lv if math.isfinite(lv) else 0.0

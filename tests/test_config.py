@@ -45,3 +45,13 @@ def test_bad_fields_are_refused_with_their_path(overrides, path):
     with pytest.raises(ConfigError) as e:
         load_config(PipelineConfig, None, overrides)
     assert path in str(e.value)
+
+
+def test_progressive_resizing_shapes_training_batches_but_never_evaluation():
+    from flows.config_model import training_job
+    c = PipelineConfig.model_validate({"loader": {"resolution": {"start": 16, "end": 28, "end_epoch": 4}}})
+    data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f", "num_classes": 10,
+            "channels": 1}
+    job = training_job(c, data, il_path="scores.npy")
+    assert job["loader_spec"]["loader"]["resolution"]["start"] == 16
+    assert job["eval_spec"]["loader"]["resolution"] is None  # accuracy is measured at full size

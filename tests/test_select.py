@@ -131,6 +131,55 @@ def test_importance_selector_weights_and_observe():
         sel.observe(torch.tensor([0]), torch.tensor([float("nan")]))
 
 
+def test_importance_redraw_from_uniform_candidates_is_unbiased():
+    """The training stage's mode: a uniform candidate batch, n_b redrawn in proportion to p."""
+    rng = np.random.default_rng(1)
+    n, n_cand, n_b = 200, 32, 8
+    losses = rng.gamma(1.0, 1.0, size=n)
+    sel = build_selector(SelectionConfig(method="importance", smoothing=0.2, n_select=n_b,
+                                         importance_draw="candidates"),
+                         candidate_size=n_cand, split_size=n)
+    sel.observe(torch.arange(n), torch.as_tensor(losses))
+    cand = torch.as_tensor(rng.choice(n, n_cand, replace=False))
+    x, y = torch.zeros(n_cand, C), torch.zeros(n_cand, dtype=torch.long)
+    est, hits = [], torch.zeros(n)
+    for _ in range(4000):
+        b = sel(None, x, y, cand)
+        assert b.images.shape[0] == b.indices.shape[0] == b.weights.shape[0] == n_b
+        est.append(float((b.weights.double() * torch.as_tensor(losses)[b.indices]).mean()))
+        hits += torch.bincount(b.indices, minlength=n)
+    assert np.mean(est) == pytest.approx(losses[cand.numpy()].mean(), rel=0.02)
+    # loss-proportional within the batch: the highest-loss candidate is redrawn most often
+    assert int(hits.argmax()) == int(cand[losses[cand.numpy()].argmax()])
+    assert b.stats["n_candidates"] == n_cand and b.stats["n_selected"] == n_b
+
+
+def _importance_rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    sel = build_selector(SelectionConfig(method="importance", smoothing=0.1, n_select=4,
+                                         importance_draw="candidates"),
+                         candidate_size=8, split_size=16)
+    mine = torch.arange(8) + 8 * rank                  # each rank trained different samples
+    b = sel(None, torch.zeros(8, C), torch.zeros(8, dtype=torch.long), mine)
+    sel.observe(mine, (mine.float() + 1.0))            # loss of sample i is i + 1
+    np.save(f"{out}/rank{rank}.npy", np.stack([sel.sampler.estimates, sel.sampler.probabilities(),
+                                               np.full(16, b.images.shape[0])]))
+    dist.destroy_process_group()
+
+
+def test_importance_estimates_are_gathered_from_every_rank(tmp_path):
+    """Under DDP each rank observes its own samples; all-gather gives every rank every loss,
+    so the ranks keep identical probabilities (and train the same n_b)."""
+    import torch.multiprocessing as mp
+    mp.start_processes(_importance_rank, args=(2, f"file://{tmp_path}/rdzv", str(tmp_path)),
+                       nprocs=2, start_method="spawn")
+    r0, r1 = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
+    np.testing.assert_array_equal(r0, r1)
+    np.testing.assert_allclose(r0[0], np.arange(16) + 1.0)   # both ranks' losses, in place
+    assert r0[1].sum() == pytest.approx(1.0) and (r0[2] == 4).all()
+
+
 def test_label_noise_deterministic_and_recorded():
     y = np.arange(1000) % C
     a = inject_label_noise(y, 0.2, C, seed=5)

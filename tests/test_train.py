@@ -193,6 +193,20 @@ def test_selector_trains_on_selected_batch_and_reports(fmnist):
     assert m["samples_per_s"] > 0
 
 
+def test_importance_sampling_in_the_training_stage_redraws_from_uniform_candidates(fmnist):
+    """The pipeline's importance mode (what training_job asks for): the loader's shuffled batch
+    of 32 are candidates; 16 are redrawn by loss-proportional p with weights 1/(n_B q)."""
+    from stages.select import SelectionConfig, build_selector
+    tr, ev = loaders(fmnist)
+    sel = build_selector(SelectionConfig(method="importance", n_select=16, smoothing=0.5,
+                                         importance_draw="candidates"),
+                         candidate_size=32, split_size=len(fmnist[1]))
+    r = train(cfg(max_steps=8), tr, ev, selector=sel)
+    assert all(m["select/n_candidates"] == 32 and m["select/n_selected"] == 16 for m in r.metrics)
+    assert sel.sampler.seen.sum() > 16                  # losses observed across steps
+    assert all(m["select/weight_mean"] > 0 for m in r.metrics)
+
+
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, fmnist):
     tr, _ = loaders(fmnist)
     c = cfg(max_steps=20, checkpoint_dir=str(tmp_path), checkpoint_every_steps=3)
