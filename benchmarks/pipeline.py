@@ -43,6 +43,8 @@ def pipeline_config(root: Path, quick: bool, selection: str = "rho_loss",
     loader: dict[str, Any] = {}
     if resolution:
         start, end_epoch = (int(v) for v in resolution.split(":"))
+        if quick:  # 1.5 epochs: the ramp must end within the first
+            end_epoch = min(end_epoch, 1)
         loader["resolution"] = {"start": start, "end": 28, "end_epoch": end_epoch}
     return {
         "data_root": str(root),
@@ -204,8 +206,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "20:5, 20:8 and 24:6 each cost ~0.6 points of test accuracy, see README)")
     args = ap.parse_args(argv)
     res = None if args.resolution in ("none", "") else args.resolution
-    if args.quick and res:  # 1.5 epochs: the ramp must fit in the first epoch
-        res = f"{res.split(':')[0]}:1"
     os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="sluice-bench-prefect-"))
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-pipeline-"))
     try:

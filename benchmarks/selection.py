@@ -15,9 +15,9 @@ differ only in which samples fill the batch:
 Seconds count training and selection only (evaluation excluded). The IL model's cost is
 reported on its own line. ``final_acc`` is every method's test accuracy at the same step budget;
 ``uniform`` (the cheapest) trains on to ``--uniform-extend`` times the budget only so that its
-steps and seconds to the targets are measured rather than left ``null``. Writes ``benchmarks/results/selection.json`` (per noise level and
-method: steps_to_target, seconds_to_target for the higher target, final_acc at the step
-budget), ``selection_details.json`` (curves, per-seed figures, settings) and ``selection.png``.
+steps and seconds to the targets are measured rather than left ``null``. Writes
+``benchmarks/results/selection.json`` (per noise level and method: steps_to_target,
+seconds_to_target for the higher target, final_acc at the step budget), ``selection_details.json`` (curves, per-seed figures, settings) and ``selection.png``.
 """
 from __future__ import annotations
 

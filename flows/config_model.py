@@ -121,13 +121,14 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
     from stages.augment import Normalize
     from stages.samplers import SamplerConfig
     norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
-    sel = c.selection
+    sel, update = c.selection, {}
     n_b = n_big = c.train.batch_size
     if sel.method != "none" and sel.n_select is None:
         n_big = max(n_b, round(n_b / sel.ratio))
-        sel = sel.model_copy(update={"n_select": n_b})
+        update["n_select"] = n_b
     if sel.method == "importance":  # the loader's candidates are uniform: n_b are redrawn by p
-        sel = sel.model_copy(update={"importance_draw": "candidates"})
+        update["importance_draw"] = "candidates"
+    sel = sel.model_copy(update=update)
     train = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "drop_last": True,
                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm],
                                                                channels_last=c.augment.channels_last

@@ -163,6 +163,8 @@ class SelectedBatch:
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
+# A selector may also have ``observe(indices, losses)``: called with the trained samples' losses
+# after every step whose losses were finite on all ranks (importance sampling keeps estimates).
 Selector = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], SelectedBatch]
 
 
@@ -402,6 +404,8 @@ class _Run:
     def __init__(self, cfg: TrainConfig, loader: Loader, eval_loader: Loader | None,
                  selector: Selector | None):
         self.cfg, self.loader, self.eval_loader, self.selector = cfg, loader, eval_loader, selector
+        # stateful selectors (importance estimates) learn from the trained samples' losses
+        self.observe = getattr(selector, "observe", None)
         self.d = _dist_context(cfg)
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
@@ -503,6 +507,7 @@ class _Run:
         data_s = select_s = 0.0
         loss_sum, n_samples, nonfinite = 0.0, 0, 0
         sel_stats: dict[str, float] = {}
+        trained: list[tuple[torch.Tensor, torch.Tensor]] = []  # (indices, losses) to observe
         for micro in range(cfg.accum_steps):
             td = time.perf_counter()
             x, y, idx = self.prep(next(it))
@@ -525,9 +530,8 @@ class _Run:
                                       label_smoothing=cfg.label_smoothing)
                 loss = (per * w).mean() if w is not None else per.mean()
                 self.scaler.scale(loss / cfg.accum_steps).backward()
-            if self.selector is not None and hasattr(self.selector, "observe"):
-                # stateful selectors (importance estimates) learn from the trained samples' losses
-                self.selector.observe(sb.indices, per.detach())
+            if self.observe is not None:
+                trained.append((sb.indices, per.detach()))
             lv = loss.item()
             nonfinite += 0 if math.isfinite(lv) else 1
             loss_sum += lv if math.isfinite(lv) else 0.0
@@ -541,6 +545,8 @@ class _Run:
             self._non_finite()
         else:
             self.skipped = 0
+            for indices, losses in trained:  # every rank observes (it may all-gather), or none
+                self.observe(indices, losses)
         if cfg.clip_grad_norm:
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
@@ -638,6 +644,12 @@ class _Run:
             return True
         return bool(self.cfg.max_seconds and self.elapsed >= self.cfg.max_seconds)
 
+    def stopped_by(self, halted: bool) -> str:
+        """Why the run ended: ``halt_at_step``, its step budget, or ``max_seconds``."""
+        if halted:
+            return "halt_at_step"
+        return "steps" if self.total_steps and self.step >= self.total_steps else "max_seconds"
+
     # -- main -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         self.maybe_resume()
@@ -705,6 +717,7 @@ class _Run:
         ms = self.metrics
         summary: dict[str, Any] = {"world_size": self.d.world, "uncompressed_bytes": self.full_bytes,
                                    "elapsed_s": self.elapsed, "comm": self.cfg.comm.mode,
+                                   "stopped_by": self.stopped_by(halted),
                                    "param_digests": self.digests()}
         if ms:
             n = len(ms)

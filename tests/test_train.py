@@ -139,7 +139,7 @@ def test_fp16_needs_cuda():
 def test_time_budget_stops_and_decays_lr(fmnist):
     tr, _ = loaders(fmnist)
     r = train(cfg(max_steps=None, max_seconds=1.0, schedule="linear", warmup_fraction=0.0), tr)
-    assert r.steps >= 1 and r.summary["elapsed_s"] >= 1.0
+    assert r.steps >= 1 and r.summary["stopped_by"] == "max_seconds"
     assert r.metrics[-1]["lr"] < r.metrics[0]["lr"]
 
 
