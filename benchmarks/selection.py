@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from stages.ingest import read_idx
 from stages.models import build_model
+from stages.precision import resolve_amp
 from stages.select import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
                            irreducible_loss_scores)
 from storage.atomic import write_json
@@ -58,8 +59,8 @@ def normalise(x: np.ndarray) -> torch.Tensor:
 
 
 def amp(a: argparse.Namespace):
-    """bf16 autocast (CPU) for every forward pass when ``--amp bf16``; a no-op otherwise."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.amp == "bf16")
+    """bf16 autocast (CPU) for every forward pass when ``--amp`` resolves to bf16; else a no-op."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=resolve_amp(a.amp) == "bf16")
 
 
 @torch.no_grad()
@@ -178,7 +179,8 @@ def prepare(level: float, a: argparse.Namespace, arrays, base_fp: str, scores_ro
     fp = combine(base_fp, hash_obj({"noise": level, "noise_seed": a.noise_seed,
                                     "holdout": a.holdout, "train_size": a.train_size}))
     il_cfg = ILModelConfig(model_kwargs={"width": a.il_width, "hidden": a.il_hidden},
-                           epochs=a.il_epochs, lr=a.il_lr, batch_size=128, optimizer="adamw")
+                           epochs=a.il_epochs, lr=a.il_lr, batch_size=128, optimizer="adamw",
+                           amp=a.amp)
     il = irreducible_loss_scores(il_cfg, tr_x[hold], noise.labels[hold], tr_x[train],
                                  noise.labels[train], fp, scores_root)
     order = np.random.default_rng(1).permutation(len(te_y))
@@ -242,10 +244,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--score-mode", choices=["train", "eval"], default="train")
     p.add_argument("--width", type=int, default=32, help="small_cnn width (same for all)")
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--amp", choices=["none", "bf16"], default="bf16",
-                   help="autocast for every forward (scoring, training, eval); all methods alike")
+    p.add_argument("--amp", choices=["auto", "none", "bf16"], default="auto",
+                   help="autocast for every forward (scoring, training, eval); all methods alike; "
+                        "auto = bf16 only on CPUs with native bf16 (else ~10x slower than fp32)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
-                   help="keep NCHW (channels-last + bf16 is ~3x faster on CPUs with AMX/AVX512-bf16)")
+                   help="keep NCHW (channels-last is faster on CPU in fp32 and bf16 alike)")
     p.add_argument("--wd", type=float, default=0.01)
     p.add_argument("--smoothing", type=float, default=0.5, help="importance sampling")
     p.add_argument("--holdout", type=int, help="holdout samples for the IL model")

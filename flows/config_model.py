@@ -27,7 +27,7 @@ class PromotionConfig(BaseModel):
 
 def _default_train() -> TrainConfig:
     return TrainConfig(model="small_cnn", model_kwargs={"width": 32, "hidden": 256},
-                       epochs=4, batch_size=128, lr=0.1, schedule="onecycle", amp="bf16", channels_last=True,
+                       epochs=4, batch_size=128, lr=0.1, schedule="onecycle", amp="auto", channels_last=True,
                        normalize_mean=[0.2860], normalize_std=[0.3530],
                        comm=CommConfig(mode="powersgd", powersgd_rank=2, start_iter=10), progress=True)
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stages.errors import SluiceError
 from stages.models import build_model
+from stages.precision import resolve_amp
 from storage.scores import Scores, find_scores, save_scores
 
 IL_KIND = "irreducible_loss"
@@ -44,17 +45,23 @@ class ILModelConfig(BaseModel):
     mean: list[float] = Field(default_factory=lambda: [0.2860],
                               description="per-channel mean for uint8 images (after /255)")
     std: list[float] = Field(default_factory=lambda: [0.3530])
-    amp: Literal["none", "bf16"] = Field(
-        "bf16", description="bf16 autocast + channels-last for training and scoring (~3x on CPUs "
-                            "with AVX512-bf16/AMX)")
+    amp: Literal["auto", "none", "bf16"] = Field(
+        "auto", description="bf16 autocast for training and scoring; 'auto' = bf16 only where the "
+                            "device computes it natively (~3x on CPUs with AVX512-bf16/AMX, ~10x "
+                            "slower without), else fp32. Keyed as resolved.")
     flip: bool = Field(True, description="random horizontal flips while training (a better IL "
                                          "model from a small holdout); off for non-mirrorable data")
     score_batch_size: int = Field(1024, ge=1, description="batch size when scoring; not keyed")
 
 
 def _key(config: ILModelConfig) -> dict:
-    """The config fields that change IL values (scoring batch size does not)."""
+    """The config fields that change IL values (scoring batch size does not; "auto" precision
+    is keyed as what it resolved to)."""
     return config.model_dump(exclude={"score_batch_size"})
+
+
+def _resolved(config: ILModelConfig, device: str | torch.device) -> ILModelConfig:
+    return config.model_copy(update={"amp": resolve_amp(config.amp, device)})
 
 
 def to_float_images(images: np.ndarray | torch.Tensor, config: ILModelConfig) -> torch.Tensor:
@@ -105,8 +112,7 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
     sched = torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=config.lr, total_steps=config.epochs * -(-len(images) // config.batch_size))
     gen = torch.Generator().manual_seed(config.seed)
-    if config.amp == "bf16":
-        model = model.to(memory_format=torch.channels_last)
+    model = model.to(memory_format=torch.channels_last)  # faster in fp32 and bf16 alike
     model.train()
     for _ in range(config.epochs):
         for idx in torch.randperm(len(images), generator=gen).split(config.batch_size):
@@ -117,7 +123,7 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
                 flip = torch.rand(len(idx), generator=gen) < 0.5
                 x[flip] = x[flip].flip(-1)
             with _amp(config, device):
-                out = model(_layout(x, config))
+                out = model(_layout(x))
             loss = F.cross_entropy(out.float(), labels[idx].to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -128,11 +134,11 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
 
 def _amp(config: ILModelConfig, device: str | torch.device):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                          enabled=config.amp == "bf16")
+                          enabled=resolve_amp(config.amp, device) == "bf16")
 
 
-def _layout(x: torch.Tensor, config: ILModelConfig) -> torch.Tensor:
-    return x.contiguous(memory_format=torch.channels_last) if config.amp == "bf16" and x.ndim == 4 else x
+def _layout(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
 
 
 @torch.no_grad()
@@ -145,7 +151,7 @@ def per_sample_loss(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     out = []
     for s in range(0, len(images), batch_size):
         with _amp(config, device):
-            logits = model(_layout(images[s:s + batch_size].to(device), config)).float()
+            logits = model(_layout(images[s:s + batch_size].to(device))).float()
         out.append(F.cross_entropy(logits, labels[s:s + batch_size].to(device),
                                    reduction="none").cpu())
     return torch.cat(out).numpy().astype(np.float32)
@@ -182,6 +188,7 @@ def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_label
                              f"{n_hold}, {split} {len(train_images)}/{n_train}")
     if num_classes is None:
         num_classes = int(max(np.max(np.asarray(holdout_labels)), np.max(np.asarray(train_labels)))) + 1
+    config = _resolved(config, device)
     key = {**_key(config), "num_classes": num_classes}
     if scores_root is not None:
         found = find_scores(scores_root, fingerprint=fingerprint, kind=IL_KIND, split=split,
@@ -215,6 +222,6 @@ def _accuracy(model, x, y, config: ILModelConfig, device) -> float:
     hits = 0
     for s in range(0, len(x), config.score_batch_size):
         with _amp(config, device):
-            pred = model(_layout(x[s:s + config.score_batch_size].to(device), config)).argmax(1)
+            pred = model(_layout(x[s:s + config.score_batch_size].to(device))).argmax(1)
         hits += int((pred.cpu() == y[s:s + config.score_batch_size]).sum())
     return round(hits / max(1, len(x)), 4)

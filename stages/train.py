@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from stages.comm import CommHook, uncompressed_bytes
 from stages.errors import SluiceError
 from stages.models import build_model
+from stages.precision import AmpMode, resolve_amp
 from storage.atomic import write_json
 from storage.checkpoint import CheckpointMismatch, checkpoint_path, load_checkpoint, save_checkpoint
 from storage.fingerprint import hash_obj
@@ -99,7 +100,8 @@ class TrainConfig(BaseModel):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     ema_decay: float | None = Field(None, gt=0, lt=1)  # evaluate an EMA of the weights
     # speed
-    amp: Literal["none", "bf16", "fp16"] = "none"
+    amp: AmpMode = Field("none", description="autocast dtype; 'auto' = bf16/fp16 where the "
+                         "device computes it natively, else fp32 (stages.precision)")
     channels_last: bool = False
     compile: bool = False
     comm: CommConfig = Field(default_factory=CommConfig)
@@ -403,10 +405,12 @@ class _Run:
 
     def __init__(self, cfg: TrainConfig, loader: Loader, eval_loader: Loader | None,
                  selector: Selector | None):
+        self.d = _dist_context(cfg)
+        if cfg.amp == "auto":  # decided once, by the device this run got
+            cfg = cfg.model_copy(update={"amp": resolve_amp(cfg.amp, self.d.device)})
         self.cfg, self.loader, self.eval_loader, self.selector = cfg, loader, eval_loader, selector
         # stateful selectors (importance estimates) learn from the trained samples' losses
         self.observe = getattr(selector, "observe", None)
-        self.d = _dist_context(cfg)
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         if len(loader) < 1:
@@ -717,6 +721,7 @@ class _Run:
         ms = self.metrics
         summary: dict[str, Any] = {"world_size": self.d.world, "uncompressed_bytes": self.full_bytes,
                                    "elapsed_s": self.elapsed, "comm": self.cfg.comm.mode,
+                                   "amp": self.cfg.amp,  # as resolved on this device
                                    "stopped_by": self.stopped_by(halted),
                                    "param_digests": self.digests()}
         if ms:

@@ -13,6 +13,7 @@ from torch import nn
 from stages.select import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
                            build_selector, compute_irreducible_loss, inject_label_noise,
                            irreducible_loss_scores, select_top)
+from stages.precision import resolve_amp
 from storage.scores import ScoresError, load_scores, save_scores
 
 C = 10  # classes
@@ -269,6 +270,13 @@ def test_il_artifact_reused_when_keys_match_recomputed_when_not(tmp_path):
     bs = irreducible_loss_scores(IL_CFG.model_copy(update={"score_batch_size": 7}), hx, hy, tx, ty,
                                  FP, tmp_path)
     assert bs.extra["reused"]
+    # "auto" precision (the default) is keyed as what it resolves to on this machine, so the
+    # explicit mode finds the same artifact
+    resolved = resolve_amp("auto", "cpu")
+    assert IL_CFG.amp == "auto" and first.config["amp"] == resolved
+    explicit = irreducible_loss_scores(IL_CFG.model_copy(update={"amp": resolved}), hx, hy, tx, ty,
+                                       FP, tmp_path)
+    assert explicit.extra["reused"]
     # plain-array API returns the same values
     arr = compute_irreducible_loss(IL_CFG, hx, hy, tx, ty, FP, tmp_path)
     assert np.array_equal(arr, first.values)

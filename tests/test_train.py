@@ -9,6 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from stages.array_loader import ArrayLoader, fashion_mnist
+from stages.precision import cpu_has_fast_bf16, resolve_amp
 from stages.train import (NonFiniteLoss, SelectedBatch, TrainConfig, TrainResult, build_loader,
                           lr_at, train)
 from storage.checkpoint import CheckpointMismatch, load_checkpoint
@@ -127,6 +128,15 @@ def test_bf16_autocast_trains(fmnist):
     tr, ev = loaders(fmnist)
     r = train(cfg(amp="bf16", channels_last=True), tr, ev)
     assert np.isfinite(r.metrics[-1]["loss"]) and r.final_acc is not None
+
+
+def test_auto_amp_picks_bf16_only_where_the_cpu_computes_it(fmnist):
+    """bf16 is emulated (~10x slower) on CPUs without AVX512-bf16/AMX: "auto" means fp32 there."""
+    assert resolve_amp("auto", "cpu") == ("bf16" if cpu_has_fast_bf16() else "none")
+    assert [resolve_amp(m, "cpu") for m in ("none", "bf16", "fp16")] == ["none", "bf16", "fp16"]
+    tr, ev = loaders(fmnist)
+    r = train(cfg(amp="auto", channels_last=True), tr, ev)
+    assert r.summary["amp"] == resolve_amp("auto", "cpu") and r.final_acc is not None
 
 
 def test_fp16_needs_cuda():
