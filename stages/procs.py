@@ -17,3 +17,11 @@ def fork_safe() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def default_sigterm() -> None:
+    """Pool initializer: a forked worker dies quietly on SIGTERM (``Pool.terminate``) instead of
+    running a handler it inherited from its parent (Prefect's prints a TerminationSignal
+    traceback into the flow log)."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

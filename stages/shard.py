@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stages.encode import decode_pixels, encode_image, to_label
 from stages.errors import SampleError, SluiceError, TooManyBadSamples
-from stages.procs import fork_safe
+from stages.procs import default_sigterm, fork_safe
 from stages.ingest import IngestConfig, RawSample, Source, open_source, plan_splits, source_record
 from stages.tarwrite import TarShardWriter
 from storage import atomic
@@ -196,7 +196,7 @@ def _run_pool(fn, tasks: list, workers: int, weight, progress: bool, desc: str) 
                 yield r
         else:
             with fork_safe():
-                pool = mp.get_context("fork").Pool(workers)
+                pool = mp.get_context("fork").Pool(workers, initializer=default_sigterm)
             with pool:
                 for t, r in zip(tasks, pool.imap(fn, tasks)):
                     bar.update(weight(t))

@@ -214,3 +214,22 @@ def test_shard_map_can_run_elsewhere(tmp_path):
     b = shard_dataset(ing, tmp_path / "b", cfg)
     assert a.shards_written == b.shards_written == 10  # train 4, holdout 1, val 1, test 4
     assert [f.sha256 for f in a.manifest.files()] == [f.sha256 for f in b.manifest.files()]
+
+
+def test_pool_workers_do_not_run_the_parents_sigterm_handler(tmp_path, capfd):
+    """Prefect installs a SIGTERM handler; shard pool workers are forked and then terminated,
+    and must die quietly instead of printing the inherited handler's traceback."""
+    def noisy(signum, frame):
+        os.write(2, b"PARENT-HANDLER-RAN\n")
+        raise SystemExit(1)
+
+    old = signal.signal(signal.SIGTERM, noisy)
+    try:
+        write_images(tmp_path / "src", n_per_class=8, fmt="png")
+        shard_dataset(IngestConfig(source=str(tmp_path / "src"), holdout_fraction=0,
+                                   val_fraction=0, test_fraction=0.25),
+                      tmp_path / "out", ShardConfig(shard_samples=4, progress=False, workers=2))
+        time.sleep(0.5)  # terminated workers write (or not) as they exit
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert "PARENT-HANDLER-RAN" not in capfd.readouterr().err
