@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
 
 from stages.errors import SluiceError
 from stages.models import build_model
@@ -52,12 +53,13 @@ class ILModelConfig(BaseModel):
     flip: bool = Field(True, description="random horizontal flips while training (a better IL "
                                          "model from a small holdout); off for non-mirrorable data")
     score_batch_size: int = Field(1024, ge=1, description="batch size when scoring; not keyed")
+    progress: bool = Field(True, description="a progress bar while the IL model trains; not keyed")
 
 
 def _key(config: ILModelConfig) -> dict:
     """The config fields that change IL values (scoring batch size does not; "auto" precision
     is keyed as what it resolved to)."""
-    return config.model_dump(exclude={"score_batch_size"})
+    return config.model_dump(exclude={"score_batch_size", "progress"})
 
 
 def _resolved(config: ILModelConfig, device: str | torch.device) -> ILModelConfig:
@@ -114,8 +116,11 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
     gen = torch.Generator().manual_seed(config.seed)
     model = model.to(memory_format=torch.channels_last)  # faster in fp32 and bf16 alike
     model.train()
+    bar = tqdm(total=config.epochs * len(images), desc="IL model: training on holdout", unit="sample",
+               disable=not config.progress, dynamic_ncols=True, leave=False)
     for _ in range(config.epochs):
         for idx in torch.randperm(len(images), generator=gen).split(config.batch_size):
+            bar.update(len(idx))
             if len(idx) < 2:  # BatchNorm needs two samples in train mode
                 continue
             x = images[idx].to(device)
@@ -129,6 +134,7 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
             loss.backward()
             opt.step()
             sched.step()
+    bar.close()
     return model.eval()
 
 
