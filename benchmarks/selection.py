@@ -180,7 +180,7 @@ def prepare(level: float, a: argparse.Namespace, arrays, base_fp: str, scores_ro
                                     "holdout": a.holdout, "train_size": a.train_size}))
     il_cfg = ILModelConfig(model_kwargs={"width": a.il_width, "hidden": a.il_hidden},
                            epochs=a.il_epochs, lr=a.il_lr, batch_size=128, optimizer="adamw",
-                           amp=a.amp)
+                           amp=a.amp, progress=False)
     il = irreducible_loss_scores(il_cfg, tr_x[hold], noise.labels[hold], tr_x[train],
                                  noise.labels[train], fp, scores_root)
     order = np.random.default_rng(1).permutation(len(te_y))
@@ -265,7 +265,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--noise-seed", dest="noise_seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process (1 is steadiest on shared cores)")
-    p.add_argument("--jobs", type=int, default=2, help="noise levels run in parallel processes")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="(noise level, seed) runs in parallel processes; each method's seconds are "
+                        "measured inside one process, so compare methods within a run")
     p.add_argument("--scores-root", dest="scores_root", help="reuse IL scores across runs")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
@@ -279,41 +281,58 @@ def parse(argv=None) -> argparse.Namespace:
     return a
 
 
-def run_level(level: float, a: argparse.Namespace, scores_root: str) -> tuple[str, dict]:
-    """Every method and seed at one noise level (runs in its own process with ``--jobs``)."""
+def level_il(level: float, a: argparse.Namespace, scores_root: str) -> dict:
+    """Train (or reuse) one noise level's IL model; returns its cost line."""
     torch.set_num_threads(a.threads)
     arrays, base_fp = load_fmnist()
-    data, il, mask, fp = prepare(level, a, arrays, base_fp, scores_root)
+    _, il, _, fp = prepare(level, a, arrays, base_fp, scores_root)
     cost = il.extra
     print(f"[noise {level:.0%}] IL model: train {cost['train_seconds']:.1f}s on "
           f"{cost['holdout_size']} holdout samples + score {cost['score_seconds']:.1f}s on "
           f"{len(il)} train samples (holdout acc {cost['holdout_accuracy']:.3f}, "
           f"reused={cost['reused']})", flush=True)
-    runs: dict = {m: [] for m in a.methods}
-    for seed in range(a.seeds):
-        for m in a.methods:
-            r = run_method(m, a, data, il.values, mask, seed)
-            runs[m].append(r)
-            print(f"[noise {level:.0%}] seed {seed} {m:>18}: final {r['final_acc']:.4f}  "
-                  f"{r['seconds']:.1f}s wall {r['cpu_seconds']:.1f}s cpu  "
-                  f"noisy-selected {r['noisy_selected_fraction']:.3f}", flush=True)
-    return str(level), {"il_cost": cost, "fingerprint": fp,
-                        "summary": {m: summarise(runs[m], a.targets) for m in a.methods},
-                        "runs": runs}
+    return {"il_cost": cost, "fingerprint": fp}
+
+
+def level_seed(level: float, seed: int, a: argparse.Namespace, scores_root: str) -> dict:
+    """Every method for one noise level and seed (one process each with ``--jobs``); the IL
+    scores come from ``scores_root``, where ``level_il`` left them."""
+    torch.set_num_threads(a.threads)
+    arrays, base_fp = load_fmnist()
+    data, il, mask, _ = prepare(level, a, arrays, base_fp, scores_root)
+    runs = {}
+    for m in a.methods:
+        r = runs[m] = run_method(m, a, data, il.values, mask, seed)
+        print(f"[noise {level:.0%}] seed {seed} {m:>18}: final {r['final_acc']:.4f}  "
+              f"{r['seconds']:.1f}s wall {r['cpu_seconds']:.1f}s cpu  "
+              f"noisy-selected {r['noisy_selected_fraction']:.3f}", flush=True)
+    return runs
+
+
+def _map(fn, jobs: int, *arg_lists) -> list:
+    """``map`` over spawned processes when ``jobs > 1`` (each run stays single-process inside)."""
+    if jobs <= 1 or len(arg_lists[0]) <= 1:
+        return list(map(fn, *arg_lists))
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(min(jobs, len(arg_lists[0])), mp_context=mp.get_context("spawn")) as ex:
+        return list(ex.map(fn, *arg_lists))
 
 
 def main(argv=None) -> dict:
     a = parse(argv)
     t_start = time.perf_counter()
     scores_root = a.scores_root or tempfile.mkdtemp(prefix="sluice-bench-scores-")
-    if a.jobs > 1 and len(a.levels) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(min(a.jobs, len(a.levels)), mp_context=mp.get_context("spawn")) as ex:
-            done = list(ex.map(run_level, a.levels, [a] * len(a.levels), [scores_root] * len(a.levels)))
-    else:
-        done = [run_level(level, a, scores_root) for level in a.levels]
-    levels = dict(done)
+    n = len(a.levels)
+    ils = _map(level_il, a.jobs, a.levels, [a] * n, [scores_root] * n)
+    pairs = [(lv, s) for lv in a.levels for s in range(a.seeds)]
+    per_pair = _map(level_seed, a.jobs, [p[0] for p in pairs], [p[1] for p in pairs],
+                    [a] * len(pairs), [scores_root] * len(pairs))
+    levels: dict = {}
+    for level, il in zip(a.levels, ils):
+        runs = {m: [r[m] for (lv, _), r in zip(pairs, per_pair) if lv == level] for m in a.methods}
+        levels[str(level)] = {**il, "summary": {m: summarise(runs[m], a.targets) for m in a.methods},
+                              "runs": runs}
     keep = ("steps_to_target", "seconds_to_target", "final_acc")
     results = {k: {m: {f: s[f] for f in keep} for m, s in d["summary"].items()}
                for k, d in levels.items()}
