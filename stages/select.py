@@ -68,6 +68,16 @@ class SelectionConfig(BaseModel):
     n_select: int | None = Field(None, ge=1, description="fixed n_b; overrides ratio")
     score_mode: Literal["train", "eval"] = Field(
         "train", description="mode of the no-grad scoring pass (the paper scores in train mode)")
+    score_chunk: int | None = Field(
+        None, ge=1, description="score the candidates this many at a time: on CPU a no-grad pass "
+        "over 64 samples costs ~25% less per sample than one over 384 (cache-sized activations); "
+        "in train mode each chunk gets its own BatchNorm batch statistics. None = one pass")
+    label_noise: float = Field(
+        0.0, ge=0, lt=1, description="score the candidates' loss under a uniform label-noise "
+        "likelihood (1-a) p + a/K, as the IL model trained on noisy labels implicitly does: a "
+        "target trained on filtered data otherwise grows more confident than the IL model and "
+        "mislabelled samples win rho_loss's top-k. Rank-preserving for loss/selective_backprop. "
+        "A data-driven a: 1 - the IL model's holdout accuracy. 0 = plain cross-entropy")
     seed: int = 0
     il: ILModelConfig = Field(default_factory=ILModelConfig)
     smoothing: float = Field(0.1, ge=0, le=1, description="importance: mix of uniform in p")
@@ -132,16 +142,22 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @torch.no_grad()
 def candidate_losses(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                     mode: str = "train") -> torch.Tensor:
-    """Per-sample training loss of the candidates from one no-grad forward pass."""
+                     mode: str = "train", chunk: int | None = None,
+                     label_noise: float = 0.0) -> torch.Tensor:
+    """Per-sample training loss of the candidates from a no-grad forward pass (in chunks of
+    ``chunk`` samples when given), under a uniform label-noise rate ``label_noise``."""
     m = _unwrap(model)
     was_training = m.training
     m.train(mode == "train")
     try:
-        logits = m(images)
+        parts = images.split(chunk) if chunk else (images,)
+        logits = torch.cat([m(part).float() for part in parts])
     finally:
         m.train(was_training)
-    return F.cross_entropy(logits.float(), labels, reduction="none")
+    if not label_noise:
+        return F.cross_entropy(logits, labels, reduction="none")
+    p = logits.softmax(1).gather(1, labels.unsqueeze(1)).squeeze(1)
+    return -torch.log((1 - label_noise) * p + label_noise / logits.shape[1])
 
 
 # ---------------------------------------------------------------- selectors
@@ -205,7 +221,8 @@ class TopKSelector(_Base):
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         n = self._n(images.shape[0])
-        loss = candidate_losses(model, images, labels, self.config.score_mode)
+        loss = candidate_losses(model, images, labels, self.config.score_mode,
+                                self.config.score_chunk, self.config.label_noise)
         _check_finite(loss, "candidate training losses", indices)
         il = self._lookup(self._il, indices)
         pos = select_top(selection_scores(self.config.method, loss, il), n)
@@ -242,7 +259,8 @@ class SelectiveBackpropSelector(_Base):
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         n = self._n(images.shape[0])
-        loss = candidate_losses(model, images, labels, self.config.score_mode)
+        loss = candidate_losses(model, images, labels, self.config.score_mode,
+                                self.config.score_chunk, self.config.label_noise)
         _check_finite(loss, "candidate training losses", indices)
         prob = self.keep_probability(loss)
         keep = torch.rand(prob.shape, generator=self.generator) < prob

@@ -80,6 +80,40 @@ def test_scoring_restores_model_mode():
     assert not m.training
 
 
+def test_chunked_scoring_selects_the_same_samples():
+    """Scoring in chunks is a speed knob: in eval mode the losses, and so the picks, are the same."""
+    from stages.models import build_model
+    torch.manual_seed(0)
+    m = build_model("small_cnn", in_channels=1, num_classes=C, width=4).eval()
+    x, y = torch.randn(50, 1, 28, 28), torch.randint(0, C, (50,))
+    idx = torch.arange(100, 150)
+    picks = [build_selector(SelectionConfig(method="loss", n_select=7, score_mode="eval",
+                                            score_chunk=chunk))(m, x, y, idx)
+             for chunk in (None, 16, 64)]
+    assert all(torch.equal(p.indices.sort().values, picks[0].indices.sort().values) for p in picks)
+    assert all(abs(p.stats["sel_loss_mean"] - picks[0].stats["sel_loss_mean"]) < 1e-5 for p in picks)
+
+
+def test_label_noise_scoring_caps_mislabelled_reducible_loss():
+    """Under a label-noise likelihood a confidently 'wrong' label costs at most -log(a/K), about
+    what an IL model trained on noisy labels assigns it, so it stops winning rho_loss's top-k;
+    the loss ranking itself is unchanged (loss / selective backprop pick the same samples)."""
+    from stages.select import candidate_losses
+    x = torch.zeros(3, C)
+    x[0, 1] = 20.0          # sample 0: label 0, the model is sure it is class 1 (CE ~ 20)
+    x[1, 1] = 1.0           # sample 1: label 1, learnable and not yet learnt (CE ~ 1.5)
+    x[2, 2] = 6.0           # sample 2: label 2, learnt
+    y, idx = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
+    il = torch.tensor([3.9, 0.3, 0.1])
+    plain = candidate_losses(nn.Identity(), x, y)
+    noisy = candidate_losses(nn.Identity(), x, y, label_noise=0.2)
+    assert plain[0] > 19 and noisy[0] <= -math.log(0.2 / C) + 1e-5
+    assert torch.equal(plain.argsort(), noisy.argsort())
+    pick = {a: build_selector(SelectionConfig(method="rho_loss", n_select=1, label_noise=a),
+                              il)(nn.Identity(), x, y, idx).indices.tolist() for a in (0.0, 0.2)}
+    assert pick == {0.0: [0], 0.2: [1]}
+
+
 def test_uniform_is_fixed_count_and_seeded():
     x, y, idx = hand_batch()
     a = build_selector(SelectionConfig(method="uniform", n_select=3, seed=7))
