@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stages.select_il import (IL_KIND, ILModelConfig, SelectionError, compute_irreducible_loss,
                               irreducible_loss_scores)
@@ -72,12 +72,19 @@ class SelectionConfig(BaseModel):
         None, ge=1, description="score the candidates this many at a time: on CPU a no-grad pass "
         "over 64 samples costs ~25% less per sample than one over 384 (cache-sized activations); "
         "in train mode each chunk gets its own BatchNorm batch statistics. None = one pass")
-    label_noise: float = Field(
-        0.0, ge=0, lt=1, description="score the candidates' loss under a uniform label-noise "
-        "likelihood (1-a) p + a/K, as the IL model trained on noisy labels implicitly does: a "
-        "target trained on filtered data otherwise grows more confident than the IL model and "
-        "mislabelled samples win rho_loss's top-k. Rank-preserving for loss/selective_backprop. "
-        "A data-driven a: 1 - the IL model's holdout accuracy. 0 = plain cross-entropy")
+    label_noise: float | Literal["auto"] = Field(
+        0.0, description="score the candidates' loss under a uniform label-noise likelihood "
+        "(1-a) p + a/K, as the IL model trained on noisy labels implicitly does: a target trained "
+        "on filtered data otherwise grows more confident than the IL model and mislabelled "
+        "samples win rho_loss's top-k. Rank-preserving for loss/selective_backprop. 'auto': a = "
+        "1 - the IL model's accuracy on its holdout (from the IL scores record). 0 = plain CE")
+
+    @field_validator("label_noise")
+    @classmethod
+    def _rate(cls, v: float | str) -> float | str:
+        if v != "auto" and not 0 <= v < 1:
+            raise ValueError("label_noise must be 'auto' or a rate in [0, 1)")
+        return v
     seed: int = 0
     il: ILModelConfig = Field(default_factory=ILModelConfig)
     smoothing: float = Field(0.1, ge=0, le=1, description="importance: mix of uniform in p")
@@ -440,6 +447,13 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
     if config.method == "none":
         return None
     n_b = config.n_select_for(candidate_size) if candidate_size is not None else None
+    if config.label_noise == "auto":
+        acc = il_scores.extra.get("holdout_accuracy") if isinstance(il_scores, Scores) else None
+        if acc is None:
+            raise SelectionError("label_noise='auto' reads the noise rate off the IL model's "
+                                 "holdout accuracy: pass the IL Scores record (not a bare array) "
+                                 "or give label_noise a number")
+        config = config.model_copy(update={"label_noise": round(max(0.0, 1.0 - acc), 4)})
     if isinstance(il_scores, Scores):
         try:
             check_scores(il_scores, fingerprint=dataset_fingerprint, length=split_size)

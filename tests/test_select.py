@@ -314,6 +314,14 @@ def test_il_artifact_reused_when_keys_match_recomputed_when_not(tmp_path):
     # plain-array API returns the same values
     arr = compute_irreducible_loss(IL_CFG, hx, hy, tx, ty, FP, tmp_path)
     assert np.array_equal(arr, first.values)
+    # label_noise="auto" reads the rate off the IL model's holdout accuracy in the record
+    auto_cfg = SelectionConfig(method="rho_loss", n_select=2, label_noise="auto")
+    sel = build_selector(auto_cfg, first, split_size=48, dataset_fingerprint=FP)
+    assert sel.config.label_noise == pytest.approx(1 - first.extra["holdout_accuracy"], abs=1e-4)
+    with pytest.raises(SelectionError, match="holdout accuracy"):
+        build_selector(auto_cfg, first.values)
+    with pytest.raises(ValueError, match="label_noise"):
+        SelectionConfig(label_noise=1.5)
     # a selector refuses the scores for another dataset or another split length
     with pytest.raises(SelectionError, match="belong to dataset"):
         build_selector(SelectionConfig(method="rho_loss"), first, dataset_fingerprint="c" * 64)
