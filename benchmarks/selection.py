@@ -10,7 +10,9 @@ differ only in which samples fill the batch:
 * ``uniform``: ``n_b`` shuffled samples (plain training, no scoring pass);
 * ``loss`` / ``rho_loss``: top ``n_b`` of ``n_B`` shuffled candidates by loss / reducible loss;
 * ``selective_backprop``: ``n_b`` of ``sb_nB`` candidates by percentile keep probability;
-* ``importance``: ``n_b`` drawn by loss-proportional probabilities, loss weighted 1/(N p).
+* ``importance``: ``n_b`` drawn by loss-proportional probabilities, loss weighted 1/(N p);
+* ``rho_loss_noise_aware``: ``rho_loss`` scoring the target's loss under a uniform label-noise
+  likelihood whose rate is 1 - the IL model's holdout accuracy (``SelectionConfig.label_noise``).
 
 Seconds count training and selection only (evaluation excluded). The IL model's cost is
 reported on its own line. ``final_acc`` is every method's test accuracy at the same step budget;
@@ -238,10 +240,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--levels", type=float, nargs="+", default=[0.1, 0.2])
     p.add_argument("--targets", type=float, nargs="+",
                    help="accuracy targets (default 0.85 0.88; --quick: 0.8 0.85)")
-    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS + list(VARIANTS))
+    p.add_argument("--methods", nargs="+", default=METHODS + list(VARIANTS),
+                   choices=METHODS + list(VARIANTS))
     p.add_argument("--nb", type=int, default=64, help="trained batch n_b (all methods)")
-    p.add_argument("--nB", type=int, default=256,
-                   help="candidates n_B for loss / rho_loss (n_b/n_B = 25%%: the paper's 10%% takes "
+    p.add_argument("--nB", type=int, default=320,
+                   help="candidates n_B for loss / rho_loss (n_b/n_B = 20%%: the paper's 10%% takes "
                         "fewer steps but each costs more; see README)")
     p.add_argument("--uniform-extend", dest="uniform_extend", type=int, default=2,
                    help="uniform runs on to this multiple of --steps to find when it reaches the "
