@@ -7,6 +7,7 @@ else fp32. An explicit "bf16", "fp16" or "none" is always honoured.
 """
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -14,6 +15,7 @@ import torch
 AmpMode = Literal["auto", "none", "bf16", "fp16"]
 
 
+@functools.cache  # asked on every forward pass by some callers; the CPU does not change
 def cpu_has_fast_bf16() -> bool:
     """True when this CPU has native bf16 arithmetic (AVX512-bf16 or AMX)."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
