@@ -35,8 +35,8 @@ TARGET = 0.93
 def pipeline_config(root: Path, quick: bool, selection: str = "rho_loss",
                     epochs: float | None = None, resolution: str | None = None) -> dict[str, Any]:
     """The demo's pipeline with a budget for 93%: SmallCNN with the dense head (871k parameters,
-    the shape PowerSGD is for), bf16 autocast where the CPU has it + channels-last, RHO-LOSS at 50% (or another
-    ``selection`` method), PowerSGD rank 2, and progressive resizing when ``resolution`` is
+    the shape PowerSGD is for), ``amp: auto`` (bf16 only where the CPU has it) + channels-last,
+    RHO-LOSS at 50% (or another ``selection`` method), PowerSGD rank 2, and progressive resizing when ``resolution`` is
     ``"START:END_EPOCH"`` (side START px rising to the stored 28 px at END_EPOCH). The baseline
     trains the same model for as many epochs at full size."""
     epochs = epochs or (1.5 if quick else 12)

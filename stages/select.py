@@ -79,12 +79,6 @@ class SelectionConfig(BaseModel):
         "samples win rho_loss's top-k. Rank-preserving for loss/selective_backprop. 'auto': a = "
         "1 - the IL model's accuracy on its holdout (from the IL scores record). 0 = plain CE")
 
-    @field_validator("label_noise")
-    @classmethod
-    def _rate(cls, v: float | str) -> float | str:
-        if v != "auto" and not 0 <= v < 1:
-            raise ValueError("label_noise must be 'auto' or a rate in [0, 1)")
-        return v
     seed: int = 0
     il: ILModelConfig = Field(default_factory=ILModelConfig)
     smoothing: float = Field(0.1, ge=0, le=1, description="importance: mix of uniform in p")
@@ -97,6 +91,13 @@ class SelectionConfig(BaseModel):
     beta: float = Field(1.0, gt=0, description="selective backprop: keep prob = percentile**beta")
     history_size: int = Field(1024, ge=1, description="selective backprop: recent losses kept")
     min_keep_prob: float = Field(0.0, ge=0, le=1, description="selective backprop: floor")
+
+    @field_validator("label_noise")
+    @classmethod
+    def _rate(cls, v: float | str) -> float | str:
+        if v != "auto" and not 0 <= v < 1:
+            raise ValueError("label_noise must be 'auto' or a rate in [0, 1)")
+        return v
 
     def n_select_for(self, n_candidates: int) -> int:
         """n_b for a candidate batch of ``n_candidates``; raises if it is not in [1, n_B]."""
