@@ -117,13 +117,14 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
     """The arguments of ``stages.launch.launch`` for this pipeline on this dataset version:
     the train config, loader specs (train: candidate batches; eval: every sample once) and the
     selector spec. With selection, each rank draws ``batch/ratio`` candidates and trains on
-    ``batch`` of them; only full candidate batches, so every rank does the same work."""
+    ``batch`` of them; only full candidate batches, so every rank does the same work. InfoBatch
+    draws ``batch`` candidates and trains the ones it does not prune."""
     from stages.augment import Normalize
     from stages.samplers import SamplerConfig
     norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
     sel, update = c.selection, {}
     n_b = n_big = c.train.batch_size
-    if sel.method != "none" and sel.n_select is None:
+    if sel.method not in ("none", "infobatch") and sel.n_select is None:
         n_big = max(n_b, round(n_b / sel.ratio))
         update["n_select"] = n_b
     if sel.method == "importance":  # the loader's candidates are uniform: n_b are redrawn by p

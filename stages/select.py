@@ -13,17 +13,26 @@ Methods (``SelectionConfig.method``):
 * ``importance`` (Katharopoulos & Fleuret 2018): per-sample loss estimates give sampling
   probabilities (smoothed toward uniform); ``ImportanceSampler`` draws the loader's indices and
   the selector attaches weights ``1 / (N p_i)`` so the weighted loss is unbiased.
+* ``infobatch`` (Qin et al. 2024, "InfoBatch: lossless training speed up by unbiased dynamic
+  data pruning"): no scoring pass. Each sample's loss from the last step that trained it is
+  kept; candidates whose stale loss is below the mean are skipped with probability ``prune``,
+  and the well-learnt ones that stay are up-weighted so the step's gradient is unbiased for the
+  whole candidate batch. Steps train fewer samples (the schedule is unchanged); pruning stops
+  after ``anneal`` of training, so the last steps see every sample.
 
 The hook: ``selector(model, images, labels, indices) -> SelectedBatch``. Images are on the
 model's device, float, normalised; labels int64; indices int64 = the stable index within the
 split (IL scores and noise masks are aligned to it). Every call returns exactly
 ``selector.n_select`` samples (importance: the whole batch), so DDP ranks do equal work; each
-rank selects from its own candidates. When ``weights`` is not None the loop must compute
+rank selects from its own candidates (``infobatch`` returns a smaller batch, of the same size
+on every rank). When ``weights`` is not None the loop must compute
 ``(per_sample_loss * weights).mean()``.
 
 ``selector.observe(indices, losses)``: call it after the training step with the selected
-samples' per-sample losses (detached). Importance sampling uses it to update its loss estimates
-(all-gathered across ranks when torch.distributed is initialised); other selectors ignore it.
+samples' per-sample losses (detached). Importance sampling and InfoBatch use it to update their
+loss estimates (all-gathered across ranks when torch.distributed is initialised); the others
+ignore it. ``selector.set_progress(fraction)``, where a selector has it, is called before each
+step with the fraction of training done (InfoBatch stops pruning at ``anneal``).
 """
 from __future__ import annotations
 
@@ -56,7 +65,8 @@ except ImportError:
         weights: torch.Tensor | None
         stats: dict[str, float]
 
-Method = Literal["none", "uniform", "loss", "rho_loss", "selective_backprop", "importance"]
+Method = Literal["none", "uniform", "loss", "rho_loss", "selective_backprop", "importance",
+                 "infobatch"]
 
 
 class SelectionConfig(BaseModel):
@@ -91,6 +101,10 @@ class SelectionConfig(BaseModel):
     beta: float = Field(1.0, gt=0, description="selective backprop: keep prob = percentile**beta")
     history_size: int = Field(1024, ge=1, description="selective backprop: recent losses kept")
     min_keep_prob: float = Field(0.0, ge=0, le=1, description="selective backprop: floor")
+    prune: float = Field(0.5, ge=0, lt=1, description="infobatch: probability of skipping a "
+                         "candidate whose last training loss is below the mean (InfoBatch's r)")
+    anneal: float = Field(0.875, ge=0, le=1, description="infobatch: fraction of training after "
+                          "which nothing is pruned (the last steps see every sample)")
 
     @field_validator("label_noise")
     @classmethod
@@ -103,6 +117,8 @@ class SelectionConfig(BaseModel):
         """n_b for a candidate batch of ``n_candidates``; raises if it is not in [1, n_B]."""
         if n_candidates < 1:
             raise SelectionError("candidate batch is empty")
+        if self.method == "infobatch":  # prunes from the batch itself: no n_b, no ratio
+            return n_candidates
         n_b = self.n_select if self.n_select is not None else int(round(self.ratio * n_candidates))
         if n_b < 1:
             raise SelectionError(f"n_b = round({self.ratio} * {n_candidates}) = {n_b} < 1: raise "
@@ -223,6 +239,14 @@ class _Base:
     def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
         """Per-sample losses of the trained samples after the step (default: ignored)."""
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to select as the uninterrupted one would (tensors and plain
+        values only: checkpoints load with ``weights_only=True``)."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
 
 class TopKSelector(_Base):
     """``loss`` / ``rho_loss``: the n_b candidates with the highest (reducible) loss."""
@@ -256,6 +280,13 @@ class SelectiveBackpropSelector(_Base):
         super().__init__(*args, **kw)
         self.history = torch.empty(0)
         self._queue: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def state_dict(self) -> dict:  # the queue of kept samples is not kept: it refills in a step
+        return {**super().state_dict(), "history": self.history.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.history = state["history"].clone()
 
     def keep_probability(self, loss: torch.Tensor) -> torch.Tensor:
         """Add ``loss`` to the history and return each value's percentile**beta (CPU)."""
@@ -338,6 +369,19 @@ class ImportanceSampler:
         self.seen[idx] = True
         self.refresh()
 
+    def state_dict(self) -> dict:
+        return {"estimates": torch.from_numpy(self.estimates.copy()),
+                "seen": torch.from_numpy(self.seen.copy()), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["estimates"].numel() != self.n:
+            raise SelectionError(f"importance state is for {state['estimates'].numel()} samples, "
+                                 f"this split has {self.n}")
+        self.estimates = state["estimates"].numpy().astype(np.float64)
+        self.seen = state["seen"].numpy().astype(bool)
+        self.rng.bit_generator.state = state["rng"]
+        self.refresh()
+
     def sample(self, k: int) -> np.ndarray:
         """``k`` indices drawn with replacement from the current probabilities."""
         return self.rng.choice(self.n, size=k, replace=True, p=self._p)
@@ -399,20 +443,123 @@ class ImportanceSelector(_Base):
         indices, losses = _all_gather(indices.detach()), _all_gather(losses.detach().float())
         self.sampler.update(indices.cpu().numpy(), losses.cpu().numpy())
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.sampler.load_state_dict(state["sampler"])
+
+
+class InfoBatchSelector(_Base):
+    """InfoBatch's pruning over a training stage's candidate batches (no scoring pass).
+
+    ``observe`` keeps every sample's latest training loss (all-gathered, so every rank holds the
+    same table). At each step ``n_drop = round(prune * f * n_B)`` candidates are dropped, where
+    ``f`` is the share of the split whose loss is known and below the mean: the same count on
+    every rank, so DDP ranks do equal work (a rank with too few below-mean candidates prunes
+    fewer; one of them always stays). They are drawn uniformly from this rank's
+    below-mean candidates, and the ones kept get ``1 / (1 - dropped/eligible)``; weights are
+    scaled by ``n_kept / n_B`` so ``(loss * w).mean()`` is unbiased for the mean loss of the
+    whole candidate batch (the LR schedule keeps its meaning). Samples never trained are never
+    pruned. After ``anneal`` of training (``set_progress``) every candidate is trained. The
+    table travels in the training checkpoint (``state_dict``), so a resumed run prunes on.
+    """
+
+    def __init__(self, config: SelectionConfig, split_size: int, il: torch.Tensor | None,
+                 noise_mask: torch.Tensor | None):
+        super().__init__(config, None, il, noise_mask)
+        self.n = split_size
+        self.loss = torch.zeros(split_size, dtype=torch.float32)
+        self.seen = torch.zeros(split_size, dtype=torch.bool)
+        self.progress = 0.0
+        self._mean, self._below = math.inf, 0.0  # recomputed after each observe
+
+    def set_progress(self, fraction: float) -> None:
+        self.progress = float(fraction)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "loss": self.loss.clone(), "seen": self.seen.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if state["loss"].numel() != self.n:
+            raise SelectionError(f"infobatch state is for {state['loss'].numel()} samples, this "
+                                 f"split has {self.n}")
+        self.loss, self.seen = state["loss"].clone(), state["seen"].clone()
+        self._refresh()
+
+    def __call__(self, model, images, labels, indices) -> SelectedBatch:
+        n_cand = images.shape[0]
+        if n_cand < 1:
+            raise SelectionError("candidate batch is empty")
+        idx = indices.detach().cpu()
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
+            raise SelectionError(f"sample index {int(idx.max())} outside the split of "
+                                 f"{self.n} samples")
+        pruning = self.progress < self.config.anneal and self.config.prune > 0
+        eligible = (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
+        # at least one eligible sample stays, so its weight (1 / keep rate) is finite
+        n_drop = min(round(self.config.prune * self._below * n_cand),
+                     max(0, eligible.numel() - 1)) if pruning else 0
+        keep = torch.ones(n_cand, dtype=torch.bool)
+        w = torch.ones(n_cand, dtype=torch.float32)
+        if n_drop:
+            drop = eligible[torch.randperm(eligible.numel(), generator=self.generator)[:n_drop]]
+            keep[drop] = False
+            w[eligible] = eligible.numel() / (eligible.numel() - n_drop)
+        pos = keep.nonzero().squeeze(1)
+        w = w[pos] * (pos.numel() / n_cand)
+        dev_pos = pos.to(images.device)
+        stats = self._stats(indices, dev_pos, None)
+        stats.update(ib_pruned=float(n_drop), ib_eligible=float(eligible.numel()),
+                     ib_mean_loss=self._mean if math.isfinite(self._mean) else 0.0)
+        return SelectedBatch(images[dev_pos], labels[dev_pos], indices[dev_pos],
+                             w.to(images.device) if n_drop else None, stats)
+
+    def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
+        indices = _all_gather(indices.detach(), ragged=True)
+        losses = _all_gather(losses.detach().float(), ragged=True)
+        idx, val = indices.cpu(), losses.cpu()
+        if not torch.isfinite(val).all():
+            raise SelectionError("infobatch got NaN/inf losses to observe")
+        self.loss[idx] = val
+        self.seen[idx] = True
+        self._refresh()
+
+    def _refresh(self) -> None:
+        known = self.loss[self.seen]
+        if not known.numel():
+            self._mean, self._below = math.inf, 0.0
+            return
+        self._mean = float(known.mean())
+        self._below = float((known < self._mean).sum()) / self.n
+
 
 def _rank() -> int:
     import torch.distributed as dist
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _all_gather(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``t`` from every rank (equal sizes: each rank trains n_b samples)."""
+def _all_gather(t: torch.Tensor, ragged: bool = False) -> torch.Tensor:
+    """Concatenate the 1-D ``t`` from every rank. Sizes must be equal unless ``ragged`` (one more
+    small collective for the sizes; InfoBatch ranks can prune a few samples fewer)."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return t
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts)
+    world = dist.get_world_size()
+    t = t.contiguous()
+    if not ragged:
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t)
+        return torch.cat(parts)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=t.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([t.numel()], dtype=torch.int64, device=t.device))
+    most = max(int(n) for n in sizes)
+    padded = torch.cat([t, t.new_zeros(most - t.numel())])
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
 
 
 # ---------------------------------------------------------------- factory
@@ -448,6 +595,8 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
     if config.method == "none":
         return None
     n_b = config.n_select_for(candidate_size) if candidate_size is not None else None
+    if config.method == "infobatch" and split_size is None:
+        raise SelectionError("infobatch keeps a loss per sample: it needs split_size")
     if config.label_noise == "auto":
         acc = il_scores.extra.get("holdout_accuracy") if isinstance(il_scores, Scores) else None
         if acc is None:
@@ -476,6 +625,8 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
                                         config.seed + _rank())  # ranks draw different indices
         n = n_b if config.importance_draw == "candidates" else None
         return ImportanceSelector(config, sampler, n, il, noise)
+    if config.method == "infobatch":
+        return InfoBatchSelector(config, split_size, il, noise)
     cls = {"uniform": UniformSelector, "loss": TopKSelector, "rho_loss": TopKSelector,
            "selective_backprop": SelectiveBackpropSelector}[config.method]
     return cls(config, n_b, il, noise)

@@ -166,7 +166,10 @@ class SelectedBatch:
 
 
 # A selector may also have ``observe(indices, losses)``: called with the trained samples' losses
-# after every step whose losses were finite on all ranks (importance sampling keeps estimates).
+# after every step whose losses were finite on all ranks (importance sampling and InfoBatch keep
+# estimates), and ``set_progress(fraction)``: called before each selection with the fraction of
+# the budget done (InfoBatch stops pruning near the end); ``state_dict()``/``load_state_dict()``
+# put its state (loss tables, RNG) in each rank's part of the checkpoint.
 Selector = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], SelectedBatch]
 
 
@@ -411,6 +414,7 @@ class _Run:
         self.cfg, self.loader, self.eval_loader, self.selector = cfg, loader, eval_loader, selector
         # stateful selectors (importance estimates) learn from the trained samples' losses
         self.observe = getattr(selector, "observe", None)
+        self.set_progress = getattr(selector, "set_progress", None)  # InfoBatch's annealing
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         if len(loader) < 1:
@@ -487,6 +491,8 @@ class _Run:
         mine = s["ranks"][self.d.rank]
         self.hook.load_state_dict(mine["comm"], self.d.device)
         self.loader.load_state_dict(mine["loader"])
+        if mine.get("selector") is not None and hasattr(self.selector, "load_state_dict"):
+            self.selector.load_state_dict(mine["selector"])
         _set_rng_state(mine["rng"], self.d.device)
         self.step, self.epoch, self.elapsed = s["step"], s["epoch"], s["elapsed"]
         self.last_ckpt_elapsed = self.elapsed
@@ -519,6 +525,8 @@ class _Run:
             w = None
             if self.selector is not None:
                 ts = time.perf_counter()
+                if self.set_progress is not None:
+                    self.set_progress(self.progress())
                 with _autocast(cfg, self.d.device):  # the scoring pass gets AMP's speed too
                     sb = self.selector(self.model, x, y, idx)
                 select_s += time.perf_counter() - ts
@@ -602,6 +610,8 @@ class _Run:
         # per rank: RNG, loader position and comm-hook state (error feedback differs per rank)
         mine = {"rng": _rng_state(self.d.device), "loader": self.loader.state_dict(),
                 "comm": self.hook.state_dict()}
+        if hasattr(self.selector, "state_dict"):  # loss tables, RNG: a resume selects on as before
+            mine["selector"] = self.selector.state_dict()
         ranks = [mine]
         if self.d.on:
             ranks = [None] * self.d.world
@@ -732,6 +742,10 @@ class _Run:
                 "samples_per_s": sum(m["samples_per_s"] for m in ms) / n,
                 "data_wait_frac": sum(m["data_s"] for m in ms) / max(sum(m["step_s"] for m in ms), 1e-9),
                 "final_loss": ms[-1]["loss"]})
+            cand = sum(m.get("select/n_candidates", 0.0) for m in ms)
+            if cand:  # rank 0's share of its candidates trained, and its scoring cost
+                summary["selection_trained_fraction"] = sum(m["select/n_selected"] for m in ms) / cand
+                summary["selection_seconds_per_step"] = sum(m["select_s"] for m in ms) / n
             if self.cfg.comm.mode == "powersgd":  # the compressed phase only
                 late = [m["bytes_comm"] for m in ms if m["step"] > self.cfg.comm.start_iter]
                 if late:

@@ -395,3 +395,79 @@ def test_none_means_no_selector_and_helpers():
     from stages.select import candidate_size_for
     assert build_selector(SelectionConfig(method="none")) is None
     assert candidate_size_for(SelectionConfig(ratio=0.2), 64) == 320
+
+
+# ---------------------------------------------------------------- InfoBatch
+
+def test_infobatch_prunes_only_well_learnt_samples_with_unbiased_weights():
+    """No pruning before any loss is known; then only below-mean samples are skipped, the same
+    count every call, and (loss * w).mean() over the kept ones is unbiased for the whole batch."""
+    n, n_cand = 100, 40
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5), candidate_size=n_cand,
+                         split_size=n)
+    x, y = torch.zeros(n_cand, C), torch.zeros(n_cand, dtype=torch.long)
+    cand = torch.arange(20, 60)
+    first = sel(None, x, y, cand)
+    assert first.images.shape[0] == n_cand and first.weights is None   # nothing observed yet
+    losses = torch.where(torch.arange(n) % 4 == 0, 4.0, 0.5).double()  # mean 1.375: 75% below
+    sel.observe(torch.arange(n), losses)
+    est, sizes, hits = [], set(), torch.zeros(n)
+    for _ in range(3000):
+        b = sel(None, x, y, cand)
+        sizes.add(b.images.shape[0])
+        est.append(float((b.weights.double() * losses[b.indices]).mean()))
+        hits += torch.bincount(b.indices, minlength=n)
+    assert sizes == {n_cand - round(0.5 * 0.75 * n_cand)}               # 40 - 15, every call
+    assert np.mean(est) == pytest.approx(float(losses[cand].mean()), rel=0.01)
+    high = cand[cand % 4 == 0]
+    assert (hits[high] == 3000).all()                                   # never pruned
+    low = cand[cand % 4 != 0]
+    assert hits[low].float().mean() == pytest.approx(3000 * 15 / 30, rel=0.05)
+    assert b.stats["ib_pruned"] == 15 and b.stats["n_candidates"] == n_cand
+
+
+def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.9, anneal=0.5),
+                         candidate_size=8, split_size=16)
+    sel.observe(torch.arange(8), torch.tensor([0.1] * 7 + [5.0]))
+    x, y = torch.zeros(8, C), torch.zeros(8, dtype=torch.long)
+    b = sel(None, x, y, torch.arange(8, 16))                  # never trained: all kept
+    assert b.images.shape[0] == 8 and b.weights is None
+    assert sel(None, x, y, torch.arange(8)).images.shape[0] < 8
+    sel.set_progress(0.5)
+    b = sel(None, x, y, torch.arange(8))                      # annealed: every sample again
+    assert b.images.shape[0] == 8 and b.weights is None
+    with pytest.raises(SelectionError, match="split_size"):
+        build_selector(SelectionConfig(method="infobatch"), candidate_size=8)
+    with pytest.raises(SelectionError, match="outside the split"):
+        sel(None, x, y, torch.tensor([0, 99]))
+    with pytest.raises(SelectionError, match="NaN"):
+        sel.observe(torch.tensor([0]), torch.tensor([float("nan")]))
+
+
+def _infobatch_rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5), candidate_size=8,
+                         split_size=16)
+    mine = torch.arange(8) + 8 * rank
+    sel.observe(mine, mine.float() + 1.0)                      # losses 1..16, mean 8.5
+    # rank 0's candidates are all below the mean, rank 1's all above: rank 1 can prune none,
+    # so the ranks observe batches of different sizes (the ragged all-gather)
+    b = sel(None, torch.zeros(8, C), torch.zeros(8, dtype=torch.long), mine)
+    sel.observe(b.indices, torch.full((b.indices.numel(),), 2.0))
+    np.save(f"{out}/rank{rank}.npy", np.stack([sel.loss.numpy(), sel.seen.numpy().astype(np.float32),
+                                               np.full(16, b.images.shape[0])]))
+    dist.destroy_process_group()
+
+
+def test_infobatch_loss_table_is_gathered_from_every_rank(tmp_path):
+    import torch.multiprocessing as mp
+    mp.start_processes(_infobatch_rank, args=(2, f"file://{tmp_path}/rdzv", str(tmp_path)),
+                       nprocs=2, start_method="spawn")
+    r0, r1 = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
+    np.testing.assert_array_equal(r0[:2], r1[:2])               # identical tables on both ranks
+    assert r0[2][0] == 8 - 2 and r1[2][0] == 8                  # round(0.5 * 0.5 * 8) = 2 pruned
+    assert (r0[1] == 1).all()
+    trained = r0[0] == 2.0
+    assert trained[8:].all() and trained[:8].sum() == 6         # rank 0's two pruned kept 1..8

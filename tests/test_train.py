@@ -167,6 +167,27 @@ def test_resume_after_halt_equals_uninterrupted(tmp_path, fmnist):
     assert second.final_acc == full.final_acc
 
 
+@pytest.mark.parametrize("method", ["infobatch", "importance"])
+def test_resume_keeps_the_selectors_loss_table(tmp_path, fmnist, method):
+    """Halting mid-run and resuming trains exactly as the uninterrupted run: the selector's
+    state (InfoBatch's losses, importance estimates, RNG) travels in the checkpoint."""
+    from stages.select import SelectionConfig, build_selector
+
+    def sel():
+        extra = {"n_select": 16, "importance_draw": "candidates"} if method == "importance" else {}
+        return build_selector(SelectionConfig(method=method, **extra), candidate_size=32,
+                              split_size=len(fmnist[1]))
+    c = dict(max_steps=30, eval_every_steps=None)
+    full = train(cfg(checkpoint_dir=str(tmp_path / "a"), **c), *loaders(fmnist), selector=sel())
+    halted = cfg(checkpoint_dir=str(tmp_path / "b"), halt_at_step=20, **c)
+    train(halted, *loaders(fmnist), selector=sel())
+    again = train(halted.model_copy(update={"halt_at_step": None}), *loaders(fmnist), selector=sel())
+    assert again.resumed_from == 20
+    assert [m["select/n_selected"] for m in again.metrics] == \
+        [m["select/n_selected"] for m in full.metrics[20:]]
+    assert full.summary["param_digests"] == again.summary["param_digests"]
+
+
 def test_incompatible_checkpoint_is_refused(tmp_path, fmnist):
     train(cfg(max_steps=2, checkpoint_dir=str(tmp_path)), *loaders(fmnist))
     with pytest.raises(CheckpointMismatch, match="incompatible.*config_hash"):
@@ -215,6 +236,21 @@ def test_importance_sampling_in_the_training_stage_redraws_from_uniform_candidat
     assert all(m["select/n_candidates"] == 32 and m["select/n_selected"] == 16 for m in r.metrics)
     assert sel.sampler.seen.sum() > 16                  # losses observed across steps
     assert all(m["select/weight_mean"] > 0 for m in r.metrics)
+
+
+def test_infobatch_in_the_training_stage_prunes_then_anneals(fmnist):
+    """Pruning starts once the first epoch's losses are known (16 steps of 32 on 512 samples),
+    every pruned step trains fewer samples, and the last quarter (anneal) trains every one."""
+    from stages.select import SelectionConfig, build_selector
+    tr, ev = loaders(fmnist)
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, anneal=0.75),
+                         candidate_size=32, split_size=len(fmnist[1]))
+    r = train(cfg(max_steps=40), tr, ev, selector=sel)
+    sizes = [m["select/n_selected"] for m in r.metrics]
+    assert sizes[:16] == [32] * 16 and all(s < 32 for s in sizes[17:30])
+    assert sizes[30:] == [32] * 10
+    assert 0.7 < r.summary["selection_trained_fraction"] < 0.95
+    assert sel.seen.all()
 
 
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_checkpoint(tmp_path, fmnist):
