@@ -419,10 +419,7 @@ class ImportanceSelector(_Base):
         self.sampler = sampler
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
-        idx = indices.detach().cpu().numpy()
-        if idx.size and (idx.min() < 0 or idx.max() >= self.sampler.n):
-            raise SelectionError(f"sample index {int(idx.max())} outside the split of "
-                                 f"{self.sampler.n} samples")
+        idx = _check_indices(indices.detach().cpu(), self.sampler.n).numpy()
         cand = indices
         if self.config.importance_draw == "candidates":
             p = self.sampler.probabilities()[idx]
@@ -493,10 +490,7 @@ class InfoBatchSelector(_Base):
         n_cand = images.shape[0]
         if n_cand < 1:
             raise SelectionError("candidate batch is empty")
-        idx = indices.detach().cpu()
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
-            raise SelectionError(f"sample index {int(idx.max())} outside the split of "
-                                 f"{self.n} samples")
+        idx = _check_indices(indices.detach().cpu(), self.n)
         pruning = self.progress < self.config.anneal and self.config.prune > 0
         eligible = (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
         # at least one eligible sample stays, so its weight (1 / keep rate) is finite
@@ -534,6 +528,13 @@ class InfoBatchSelector(_Base):
             return
         self._mean = float(known.mean())
         self._below = float((known < self._mean).sum()) / self.n
+
+
+def _check_indices(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """``idx`` (CPU) when every index lies in a split of ``n`` samples, else a clear error."""
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise SelectionError(f"sample index {int(idx.max())} outside the split of {n} samples")
+    return idx
 
 
 def _rank() -> int:
