@@ -36,7 +36,7 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:
-    from storage.atomic import write_json
+    from sluice.storage.atomic import write_json
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {**payload, "_meta": {"when": datetime.now(timezone.utc).isoformat(), "host_cores": os.cpu_count(),
                                     "python": platform.python_version()}}

@@ -9,7 +9,7 @@ Datasets (both sharded by our own stage; every row reads the same samples):
 
 Rows (same batch size 256 and worker count 2 everywhere; each yields float32 NCHW normalised
 images plus int64 labels to the caller; RRC scale (0.35, 1), ratio (3/4, 4/3), flip p=0.5):
-  * ``sluice <backend>``: ``stages.loader.Loader`` with ``AugmentSpec`` RRC+flip+normalise.
+  * ``sluice <backend>``: ``sluice.stages.load.loader.Loader`` with ``AugmentSpec`` RRC+flip+normalise.
   * ``raw numpy+torch``: a reference, not a library: the split decoded into one uint8 array,
     fancy-indexed per batch, then ``TorchAugment`` — what ``sluice memory`` does, without us.
   * ``raw ffcv``: ``ffcv.loader.Loader`` over the artifact's ``.beton``, ``OrderOption.RANDOM``;
@@ -76,8 +76,8 @@ RAW_LIBS = ("raw ffcv", "raw dali", "raw webdataset")  # the libraries (numpy+to
 # ---------------------------------------------------------------------------- data
 
 def make_artifacts(fmnist_limit: int | None, crops: int) -> dict[str, dict]:
-    from stages.ingest import IngestConfig
-    from stages.shard import ShardConfig, shard_dataset
+    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.shard import ShardConfig, shard_dataset
     no_split = dict(holdout_fraction=0.0, val_fraction=0.0, test_fraction=0.0)
     out = {}
     t = time.perf_counter()
@@ -93,7 +93,7 @@ def make_artifacts(fmnist_limit: int | None, crops: int) -> dict[str, dict]:
 
 
 def spec_for(ds: str):
-    from stages.augment import AugmentSpec, Flip, Normalize, RandomResizedCrop
+    from sluice.stages.load.augment import AugmentSpec, Flip, Normalize, RandomResizedCrop
     d = DATASETS[ds]
     return AugmentSpec(ops=[RandomResizedCrop(size=d["size"], scale=SCALE, ratio=RATIO), Flip(),
                             Normalize(mean=d["mean"], std=d["std"])])
@@ -143,7 +143,7 @@ EpochFn = Callable[[int], int]
 
 
 def build_sluice(backend: str, art: dict, ds: str):
-    from stages.loader import Loader
+    from sluice.stages.load.loader import Loader
     loader = Loader(art["root"], split="train", batch_size=BATCH, backend=backend, workers=WORKERS,
                     augment=spec_for(ds), verify="size")
 
@@ -165,9 +165,9 @@ def build_sluice(backend: str, art: dict, ds: str):
 
 
 def build_numpy(art: dict, ds: str):
-    from stages.augment import TorchAugment
-    from stages.loader_backends import _decode_all
-    from storage.artifact import open_artifact
+    from sluice.stages.load.augment import TorchAugment
+    from sluice.stages.load.backends import _decode_all
+    from sluice.storage.artifact import open_artifact
     a = open_artifact(art["root"])
     images = _decode_all(a, "train", a.manifest.fields.image.shape, WORKERS)
     labels = a.labels("train")
@@ -191,8 +191,8 @@ def build_raw_ffcv(art: dict, ds: str):
     from ffcv.fields.basics import IntDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import Squeeze, ToTensor
-    from stages.augment import TorchAugment
-    from storage.artifact import open_artifact
+    from sluice.stages.load.augment import TorchAugment
+    from sluice.storage.artifact import open_artifact
     a = open_artifact(art["root"])
     path = str(a.local(a.manifest.split("train").ffcv))
     d = DATASETS[ds]
@@ -232,7 +232,7 @@ def build_raw_ffcv(art: dict, ds: str):
 def build_raw_dali(art: dict, ds: str):
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-    from storage.artifact import open_artifact
+    from sluice.storage.artifact import open_artifact
     a = open_artifact(art["root"])
     rec = a.manifest.split("train")
     tars = [str(a.local(sh.tar)) for sh in rec.shards]
@@ -289,7 +289,7 @@ class _WdsAug:
 
 def build_raw_webdataset(art: dict, ds: str):
     import webdataset as wds
-    from storage.artifact import open_artifact
+    from sluice.storage.artifact import open_artifact
     a = open_artifact(art["root"])
     urls = [str(a.local(sh.tar)) for sh in a.manifest.split("train").shards]
     d = DATASETS[ds]
@@ -345,8 +345,8 @@ def build_pil(art: dict, ds: str):
         paths, labels = folder_files(Path(art["folder"]))
         dataset = _FolderPIL(paths, labels, d["size"])
     else:
-        from stages.loader_backends import _decode_all
-        from storage.artifact import open_artifact
+        from sluice.stages.load.backends import _decode_all
+        from sluice.storage.artifact import open_artifact
         a = open_artifact(art["root"])
         images = _decode_all(a, "train", a.manifest.fields.image.shape, WORKERS)[:, :, :, 0]
         dataset = _ArrayPIL(images, a.labels("train"), d["size"])

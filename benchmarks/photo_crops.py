@@ -56,7 +56,7 @@ def make_photo_crops(n: int = 20_000, out: str | os.PathLike | None = None, seed
 
 
 def folder_files(root: Path) -> tuple[list[Path], np.ndarray]:
-    """(paths, labels) of an image folder, classes in sorted order (as ``stages.ingest`` does)."""
+    """(paths, labels) of an image folder, classes in sorted order (as ``sluice.stages.data.ingest`` does)."""
     classes = sorted(d.name for d in root.iterdir() if d.is_dir())
     paths, labels = [], []
     for ci, c in enumerate(classes):

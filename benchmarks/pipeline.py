@@ -89,9 +89,9 @@ class PlainLoop:
 
     def __init__(self, cfg: dict[str, Any], artifact_root: str):
         import torch
-        from stages.loader import load_arrays
-        from stages.models import build_model
-        from stages.precision import resolve_amp
+        from sluice.stages.load.loader import load_arrays
+        from sluice.stages.models import build_model
+        from sluice.stages.precision import resolve_amp
         self.t = t = cfg["train"]
         torch.manual_seed(0)
         x, y = load_arrays(artifact_root, "train")
@@ -161,12 +161,12 @@ def direct(cfg: dict[str, Any], chunk_steps: int = 0) -> tuple[dict[str, Any], d
     the pipeline's training halts every ``chunk_steps`` steps (checkpoint, exact resume) and the
     plain loop trains as many steps in between, so both training clocks see the same stretch of
     the host's speed; without, the plain loop runs after the pipeline."""
-    from flows.config_model import PipelineConfig, dataset_info, training_job
-    from stages.evaluate import evaluate_checkpoint
-    from stages.launch import launch
-    from stages.loader import load_arrays
-    from stages.select_il import irreducible_loss_scores
-    from stages.shard import shard_dataset
+    from sluice.flows.config_model import PipelineConfig, dataset_info, training_job
+    from sluice.stages.train.evaluate import evaluate_checkpoint
+    from sluice.stages.train.launch import launch
+    from sluice.stages.load.loader import load_arrays
+    from sluice.stages.select.il_model import irreducible_loss_scores
+    from sluice.stages.data.shard import shard_dataset
     c = PipelineConfig.model_validate(cfg)
     sec: dict[str, float] = {}
     cpu0 = _cpu(psutil.Process())
@@ -218,7 +218,7 @@ def direct(cfg: dict[str, Any], chunk_steps: int = 0) -> tuple[dict[str, Any], d
 
 # ------------------------------------------------------------------ 3. through Prefect
 def via_prefect(cfg: dict[str, Any]) -> dict[str, Any]:
-    import flows.nightly as fl
+    import sluice.flows.nightly as fl
     server, me = _api_server(), psutil.Process()
     cpu0 = (_cpu(server), _cpu(me))
     t0 = time.perf_counter()

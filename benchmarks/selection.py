@@ -34,13 +34,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stages.ingest import read_idx
-from stages.models import build_model
-from stages.precision import resolve_amp
-from stages.select import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
+from sluice.stages.data.ingest import read_idx
+from sluice.stages.models import build_model
+from sluice.stages.precision import resolve_amp
+from sluice.stages.select.methods import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
                            irreducible_loss_scores)
-from storage.atomic import write_json
-from storage.fingerprint import combine, hash_files, hash_obj
+from sluice.storage.atomic import write_json
+from sluice.storage.fingerprint import combine, hash_files, hash_obj
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train across machines with the same worker entry point Sluice uses on one machine.
-# Run this on every node, with the same JOB file (written by stages.launch or by hand: see
+# Run this on every node, with the same JOB file (written by sluice.stages.train.launch or by hand: see
 # stages/launch.py) visible at the same path, e.g. on shared storage:
 #
 #   NNODES=2 NODE_RANK=0 RDZV=node0.example:29400 NPROC=8 deploy/torchrun-multinode.sh job.json   # on node 0
@@ -19,4 +19,4 @@ exec "$PY" -m torch.distributed.run \
   --rdzv-backend c10d --rdzv-endpoint "$RDZV" --rdzv-id "sluice-${RDZV//[:.]/-}" \
   --rdzv-conf "join_timeout=${RDZV_TIMEOUT},read_timeout=${RDZV_TIMEOUT}" \
   --max-restarts "$MAX_RESTARTS" \
-  -m stages.train --job "$JOB"
+  -m sluice.stages.train.loop --job "$JOB"

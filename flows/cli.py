@@ -15,8 +15,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    from flows.config import load_config
-    from stages.shard import PrepareConfig, shard_dataset
+    from sluice.flows.config import load_config
+    from sluice.stages.data.shard import PrepareConfig, shard_dataset
     cfg = load_config(PrepareConfig, args.config, args.overrides + [f"ingest.source={args.source}"])
     if args.quiet:
         cfg.shard.progress = False
@@ -26,8 +26,8 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 
 def _pipeline_config(args: argparse.Namespace, base: dict | None = None):
-    from flows.config import load_config
-    from flows.config_model import PipelineConfig
+    from sluice.flows.config import load_config
+    from sluice.flows.config_model import PipelineConfig
     base = dict(base or {})
     if getattr(args, "data_root", None):
         base["data_root"] = args.data_root
@@ -35,7 +35,7 @@ def _pipeline_config(args: argparse.Namespace, base: dict | None = None):
 
 
 def _print_outcome(cfg, result: dict) -> None:
-    from storage.registry import Registry
+    from sluice.storage.registry import Registry
     reg = Registry(cfg.registry_dir())
     champ = reg.champion()
     p = result["promotion"]
@@ -53,7 +53,7 @@ def _print_outcome(cfg, result: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import flows.nightly as fl
+    import sluice.flows.nightly as fl
     cfg = _pipeline_config(args)
     fn = {"nightly": fl.nightly, "prepare": fl.prepare, "train": fl.train}[args.flow]
     result = fn(cfg)
@@ -69,13 +69,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard -> irreducible loss -> train with "
           f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.nproc} ranks -> "
           f"evaluate -> promote), data under {Path(cfg.data_root).resolve()}", flush=True)
-    import flows.nightly as fl
+    import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from storage.registry import Registry
+    from sluice.storage.registry import Registry
     print(Registry(Path(args.data_root) / "registry").format_list())
     return 0
 
@@ -123,13 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from flows.config import ConfigError
-    from stages.errors import SluiceError
-    from storage.atomic import StorageError
-    from storage.registry import RegistryError
+    from sluice.errors import SluiceError
     try:
         return args.fn(args)
-    except (SluiceError, ConfigError, StorageError, RegistryError) as e:
+    except SluiceError as e:
         print(f"sluice {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

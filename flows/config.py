@@ -11,11 +11,9 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sluice.errors import ConfigError
+
 M = TypeVar("M", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A config that does not fit its model; the message lists each bad field's path."""
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

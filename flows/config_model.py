@@ -10,12 +10,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flows.config import merge
-from stages.augment import AugmentSpec, Flip, Translate
-from stages.loader import LoaderConfig
-from stages.select import ILModelConfig, SelectionConfig
-from stages.shard import PrepareConfig
-from stages.train import CommConfig, TrainConfig
+from sluice.flows.config import merge
+from sluice.stages.load.augment import AugmentSpec, Flip, Translate
+from sluice.stages.load.loader import LoaderConfig
+from sluice.stages.select.methods import ILModelConfig, SelectionConfig
+from sluice.stages.data.shard import PrepareConfig
+from sluice.stages.train.loop import CommConfig, TrainConfig
 
 
 class PromotionConfig(BaseModel):
@@ -106,7 +106,7 @@ class PipelineConfig(BaseModel):
 
 def dataset_info(summary) -> dict[str, Any]:
     """What the training stage needs to know of a dataset version (plain data, cacheable),
-    from a ``stages.shard.ShardSummary``."""
+    from a ``sluice.stages.data.shard.ShardSummary``."""
     m = summary.manifest
     return {"root": summary.root, "fingerprint": m.fingerprint, "counts": m.counts(), "quarantined": m.quarantined,
             "reused": summary.reused, "seconds": summary.seconds, "num_classes": m.fields.label.num_classes,
@@ -114,13 +114,13 @@ def dataset_info(summary) -> dict[str, Any]:
 
 
 def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -> dict[str, Any]:
-    """The arguments of ``stages.launch.launch`` for this pipeline on this dataset version:
+    """The arguments of ``sluice.stages.train.launch.launch`` for this pipeline on this dataset version:
     the train config, loader specs (train: candidate batches; eval: every sample once) and the
     selector spec. With selection, each rank draws ``batch/ratio`` candidates and trains on
     ``batch`` of them; only full candidate batches, so every rank does the same work. InfoBatch
     draws ``batch`` candidates and trains the ones it does not prune."""
-    from stages.augment import Normalize
-    from stages.samplers import SamplerConfig
+    from sluice.stages.load.augment import Normalize
+    from sluice.stages.load.samplers import SamplerConfig
     norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
     sel, update = c.selection, {}
     n_b = n_big = c.train.batch_size
@@ -139,7 +139,7 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
                                            "sampler": SamplerConfig(kind="sequential")})
     selector = None
     if sel.method != "none":
-        selector = {"factory": "stages.select_spec:make_selector",
+        selector = {"factory": "sluice.stages.select.spec:make_selector",
                     "kwargs": {"selection": sel.model_dump(mode="json"), "candidate_size": n_big,
                                "split_size": data["counts"]["train"], "fingerprint": data["fingerprint"],
                                "il_scores": il_path}}

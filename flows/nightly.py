@@ -22,9 +22,9 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.context import FlowRunContext  # noqa: E402
 
-from flows.config_model import PipelineConfig, dataset_info, training_job  # noqa: E402
-from flows.report import data_uri, markdown_summary, svg_curves  # noqa: E402
-from storage.fingerprint import combine, hash_obj  # noqa: E402
+from sluice.flows.config_model import PipelineConfig, dataset_info, training_job  # noqa: E402
+from sluice.flows.report import data_uri, markdown_summary, svg_curves  # noqa: E402
+from sluice.storage.fingerprint import combine, hash_obj  # noqa: E402
 
 
 def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
@@ -36,8 +36,8 @@ def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
 def _shard_key(_ctx, params: dict[str, Any]) -> str | None:
     """Source content + config + output place; no key (no caching) when the source cannot be
     read, so the task itself runs and fails with its clear message."""
-    from stages.ingest import open_source
-    from stages.shard import PrepareConfig, dataset_fingerprint
+    from sluice.stages.data.ingest import open_source
+    from sluice.stages.data.shard import PrepareConfig, dataset_fingerprint
     try:
         cfg = PrepareConfig.model_validate(params["prepare"])
         fp = dataset_fingerprint(open_source(cfg.ingest), cfg.ingest, cfg.shard)
@@ -56,7 +56,7 @@ def _il_key(_ctx, params: dict[str, Any]) -> str | None:
 @task(name="shard", cache_key_fn=_shard_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
 def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
-    from stages.shard import PrepareConfig, shard_dataset
+    from sluice.stages.data.shard import PrepareConfig, shard_dataset
     cfg = PrepareConfig.model_validate(prepare)
     s = shard_dataset(cfg.ingest, out, cfg.shard)
     get_run_logger().info("\n" + s.format())
@@ -65,7 +65,7 @@ def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2)
 def write_shard_task(spec: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
-    from stages.shard import write_shard_from_spec
+    from sluice.stages.data.shard import write_shard_from_spec
     return write_shard_from_spec(spec, shard)
 
 
@@ -78,8 +78,8 @@ def _task_runner(name: str):
         from prefect.task_runners import ProcessPoolTaskRunner
         return ProcessPoolTaskRunner(max_workers=_os.cpu_count() or 1)
     if name.startswith("dask://"):
-        from stages.errors import require
-        require("prefect_dask", "prefect-dask", "running the shard map on a Dask cluster")
+        from sluice.errors import require
+        require("prefect_dask", "prefect-dask", "dask", "running the shard map on a Dask cluster")
         from prefect_dask import DaskTaskRunner
         return DaskTaskRunner(address="tcp://" + name[len("dask://"):])
     raise ValueError(f"unknown task runner {name!r}")
@@ -88,9 +88,9 @@ def _task_runner(name: str):
 @task(name="irreducible-loss", cache_key_fn=_il_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
 def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str) -> dict[str, Any]:
-    from stages.loader import load_arrays
-    from stages.select import SelectionConfig
-    from stages.select_il import irreducible_loss_scores
+    from sluice.stages.load.loader import load_arrays
+    from sluice.stages.select.methods import SelectionConfig
+    from sluice.stages.select.il_model import irreducible_loss_scores
     t0 = time.perf_counter()
     cfg = SelectionConfig.model_validate(selection)
     hx, hy = load_arrays(root, "holdout")
@@ -132,7 +132,7 @@ def _progress(metrics: Path, log, every_s: float = 15.0):
 @task(name="train", retries=1, retry_delay_seconds=10)
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
     """torchrun with ``nproc`` ranks; a retry resumes from the run's last checkpoint."""
-    from stages.launch import launch
+    from sluice.stages.train.launch import launch
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
     log = get_run_logger()
@@ -147,8 +147,8 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
 
 @task(name="evaluate-and-promote")
 def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    from stages.evaluate import evaluate_checkpoint
-    from storage.registry import Registry
+    from sluice.stages.train.evaluate import evaluate_checkpoint
+    from sluice.storage.registry import Registry
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
     split = c.promotion.eval_split
@@ -202,7 +202,7 @@ def _run_info() -> dict[str, Any]:
 def _prepare_on_runner(config: dict[str, Any]) -> dict[str, Any]:
     """The shard map as Prefect tasks on this flow's task runner (set by ``prepare``)."""
     from prefect.utilities.annotations import unmapped
-    from stages.shard import shard_dataset
+    from sluice.stages.data.shard import shard_dataset
     c = _config(config)
 
     def on_runner(spec: dict[str, Any], shards: list[dict]) -> list[dict]:

@@ -48,6 +48,6 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 log "installing sluice and its dependencies (ffcv compiles once; a few minutes)"
 pipq install -q numpy 'cython<3.2' pkgconfig
-pipq install -q --no-build-isolation -e '.[test]'
+pipq install -q --no-build-isolation -e '.[all,test]'
 printf '%s' "$want_sum" > "$STAMP"
 log "done"

@@ -1,5 +1,6 @@
-"""Sluice storage: artifact layout, manifests, fingerprints and atomic writes.
+"""Sluice storage: artifact layout, manifests, fingerprints, atomic writes, scores, checkpoints and
+the model registry.
 
-Imports only the standard library, numpy, fsspec and pydantic, so any stage (or a user's own
-script) can read an artifact without pulling in torch, Prefect or a loader backend.
+Imports only the standard library, numpy, fsspec, pydantic and ``sluice.errors``, so any stage
+(or a user's own script) can read an artifact without pulling in torch, Prefect or a backend.
 """

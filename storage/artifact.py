@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from storage.fingerprint import sha256_file
-from storage.manifest import MANIFEST_NAME, ArtifactError, FileRecord, Manifest, read_manifest
-from storage.paths import filesystem, is_local, join, local_path, read_bytes
+from sluice.storage.fingerprint import sha256_file
+from sluice.storage.manifest import MANIFEST_NAME, ArtifactError, FileRecord, Manifest, read_manifest
+from sluice.storage.paths import filesystem, is_local, join, local_path, read_bytes
 
 LATEST = "LATEST"
 

@@ -15,13 +15,10 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
-from storage.paths import filesystem, is_local, local_path
+from sluice.errors import WriteError
+from sluice.storage.paths import filesystem, is_local, local_path
 
 TMP_PREFIX = ".tmp-"
-
-
-class StorageError(OSError):
-    """A write that failed, with the path it was writing and the reason."""
 
 
 def tmp_name(path: Path) -> Path:
@@ -75,7 +72,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
             fs.makedirs(os.path.dirname(path), exist_ok=True)
             fs.put_file(str(tmp), path)
     except OSError as e:
-        raise StorageError(e.errno, _describe(e, s)) from e
+        raise WriteError(e.errno, _describe(e, s)) from e
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -109,7 +106,7 @@ def write_with(target: str | os.PathLike, fill: Callable[[Path], None]) -> None:
     with atomic_path(target) as tmp:
         fill(tmp)
         if not tmp.exists():
-            raise StorageError(errno.ENOENT, f"writer produced no file for {target}")
+            raise WriteError(errno.ENOENT, f"writer produced no file for {target}")
 
 
 def remove_stale_temps(directory: Path) -> int:

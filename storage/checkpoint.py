@@ -11,13 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from storage.atomic import atomic_path
+from sluice.errors import CheckpointMismatch
+from sluice.storage.atomic import atomic_path
 
 LAST = "last.pt"
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint was written for another model or config."""
 
 
 def checkpoint_path(directory: str | os.PathLike) -> Path:

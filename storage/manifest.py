@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage import atomic
-from storage.paths import join, read_bytes
+from sluice.errors import ArtifactError
+from sluice.storage import atomic
+from sluice.storage.paths import join, read_bytes
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -138,10 +139,6 @@ class Manifest(_Model):
 
 def write_manifest(root: str | os.PathLike, manifest: Manifest) -> None:
     atomic.write_bytes(join(root, MANIFEST_NAME), (manifest.model_dump_json(indent=2) + "\n").encode())
-
-
-class ArtifactError(ValueError):
-    """An artifact that is missing, incomplete, or does not match its manifest."""
 
 
 def read_manifest(root: str | os.PathLike) -> Manifest:

@@ -25,7 +25,8 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage import atomic
+from sluice.errors import RegistryError
+from sluice.storage import atomic
 
 
 class ModelRecord(BaseModel):
@@ -49,10 +50,6 @@ class Decision(BaseModel):
     champion_before: str | None = None
     champion_value: float | None = None
     candidate_value: float
-
-
-class RegistryError(ValueError):
-    """A registry operation refused: it says what and why."""
 
 
 class Registry:

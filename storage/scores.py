@@ -23,19 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from storage.atomic import write_bytes, write_json
-from storage.fingerprint import hash_obj
-from storage.paths import exists, join, read_bytes
+from sluice.errors import ScoresError, ScoresNotFound
+from sluice.storage.atomic import write_bytes, write_json
+from sluice.storage.fingerprint import hash_obj
+from sluice.storage.paths import exists, join, read_bytes
 
 SCHEMA_VERSION = 1
-
-
-class ScoresError(ValueError):
-    """A scores artifact that cannot be used here (other dataset, wrong length, corrupt)."""
-
-
-class ScoresNotFound(ScoresError, FileNotFoundError):
-    """No stored scores for this (fingerprint, kind, split, config)."""
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def fmnist_artifact(tmp_path_factory):
     """A raw (npy) artifact of a 600+600 sample Fashion-MNIST slice, all formats, small shards."""
-    from stages.ingest import IngestConfig
-    from stages.shard import ShardConfig, shard_dataset
+    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.shard import ShardConfig, shard_dataset
     out = tmp_path_factory.mktemp("fmnist")
     summary = shard_dataset(IngestConfig(source="fashion-mnist", limit=600), out,
                             ShardConfig(shard_samples=128, progress=False, workers=2))

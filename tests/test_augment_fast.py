@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize, RandomResizedCrop,
+from sluice.stages.load.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize, RandomResizedCrop,
                             TorchAugment, Translate)
 
 pytest.importorskip("cv2")
@@ -140,7 +140,7 @@ class _FakeIndex:
 def test_opencv_jpeg_decode_matches_pil():
     import io
     from PIL import Image
-    from stages.loader_backends import _pixels
+    from sluice.stages.load.backends import _pixels
     rng = np.random.default_rng(0)
     smooth = _smooth(n=4, h=37, w=53).numpy()
     blobs = []
@@ -157,7 +157,7 @@ def test_opencv_jpeg_decode_matches_pil():
                 kw["exif"] = exif.tobytes()
             im.save(b, "JPEG", **kw)
             blobs.append(b.getvalue())
-    from stages.loader_backends import _jpeg_components
+    from sluice.stages.load.backends import _jpeg_components
     assert [_jpeg_components(b) for b in blobs[:4]] == [3, 3, 1, 4]  # OpenCV, OpenCV, OpenCV, PIL
     assert _jpeg_components(b"not a jpeg") is None
     si = _FakeIndex(blobs)

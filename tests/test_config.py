@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import ConfigError, load_config
-from flows.config_model import PipelineConfig
+from sluice.flows.config import ConfigError, load_config
+from sluice.flows.config_model import PipelineConfig
 
 
 def test_a_partial_section_changes_only_what_it_names(tmp_path):
@@ -48,7 +48,7 @@ def test_bad_fields_are_refused_with_their_path(overrides, path):
 
 
 def test_progressive_resizing_shapes_training_batches_but_never_evaluation():
-    from flows.config_model import training_job
+    from sluice.flows.config_model import training_job
     c = PipelineConfig.model_validate({"loader": {"resolution": {"start": 16, "end": 28, "end_epoch": 4}}})
     data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f", "num_classes": 10,
             "channels": 1}

@@ -6,8 +6,8 @@ import gzip
 import numpy as np
 import pytest
 
-from stages.errors import SourceError
-from stages.ingest import IngestConfig, expand_braces, open_source, plan_splits
+from sluice.errors import SourceError
+from sluice.stages.data.ingest import IngestConfig, expand_braces, open_source, plan_splits
 
 
 def _idx(path, arr: np.ndarray, code=0x08, gz=True, dims=None):

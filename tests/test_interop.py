@@ -6,9 +6,9 @@ import io
 
 import numpy as np
 
-from stages.ingest import IngestConfig, open_source, plan_splits
-from stages.shard import ShardConfig, shard_dataset
-from storage.artifact import open_artifact
+from sluice.stages.data.ingest import IngestConfig, open_source, plan_splits
+from sluice.stages.data.shard import ShardConfig, shard_dataset
+from sluice.storage.artifact import open_artifact
 
 SPLIT = "val"
 

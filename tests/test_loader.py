@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conftest import ROOT
-from stages.augment import AugmentSpec, Flip, Normalize, RandomResizedCrop, TorchAugment
-from stages.loader import Loader, LoaderConfig
-from stages.samplers import (CurriculumSampler, ResolutionSchedule, SamplerConfig, WeightedSampler,
+from sluice.stages.load.augment import AugmentSpec, Flip, Normalize, RandomResizedCrop, TorchAugment
+from sluice.stages.load.loader import Loader, LoaderConfig
+from sluice.stages.load.samplers import (CurriculumSampler, ResolutionSchedule, SamplerConfig, WeightedSampler,
                              pacing_fraction, partition)
-from storage.artifact import open_artifact
-from storage.manifest import ArtifactError
+from sluice.storage.artifact import open_artifact
+from sluice.storage.manifest import ArtifactError
 
 BACKENDS = ["memory", "ffcv", "webdataset", "dali"]
 
@@ -60,7 +60,7 @@ def test_backends_agree_on_pixels(art):
         L = Loader(art, split="val", batch_size=50, backend=backend, workers=1,
                    sampler=SamplerConfig(kind="sequential"))
         outs[backend] = _collect(L)
-    from stages.sample_index import SampleIndex
+    from sluice.stages.load.sample_index import SampleIndex
     si = SampleIndex(art, "val")
     ref = torch.from_numpy(np.stack([si.pixels(i) for i in range(si.count)])).permute(0, 3, 1, 2).float() / 255
     for backend, (x, y, idx) in outs.items():
@@ -188,8 +188,8 @@ def test_bad_input_fails_before_the_first_batch(art, tmp_path):
 
 
 def test_empty_split_is_refused(tmp_path):
-    from stages.ingest import IngestConfig
-    from stages.shard import ShardConfig, shard_dataset
+    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.shard import ShardConfig, shard_dataset
     np.savez(tmp_path / "d.npz", images=np.zeros((20, 4, 4), np.uint8), labels=np.arange(20) % 2)
     s = shard_dataset(IngestConfig(source=str(tmp_path / "d.npz"), holdout_fraction=0.0),
                       tmp_path / "o", ShardConfig(formats=["webdataset", "dali"], progress=False, workers=1))
@@ -198,7 +198,7 @@ def test_empty_split_is_refused(tmp_path):
 
 
 def test_backends_import_lazily_and_name_their_package():
-    code = ("import sys, stages.loader, stages.loader_backends; "
+    code = ("import sys, sluice.stages.load.loader, sluice.stages.load.backends; "
             "print(any(m.split('.')[0] in ('ffcv', 'nvidia') for m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "False", r.stderr
@@ -206,12 +206,12 @@ def test_backends_import_lazily_and_name_their_package():
 
 def test_missing_backend_names_pip_package(art):
     code = ("import sys; sys.modules['ffcv'] = None\n"
-            "from stages.loader import Loader\n"
-            "from stages.errors import MissingBackend\n"
+            "from sluice.stages.load.loader import Loader\n"
+            "from sluice.errors import MissingDependency\n"
             f"L = Loader({str(art.root)!r}, split='val', backend='ffcv', verify='none')\n"
-            "try:\n    next(iter(L))\nexcept MissingBackend as e:\n    print('MISSING', e)\n")
+            "try:\n    next(iter(L))\nexcept MissingDependency as e:\n    print('MISSING', e)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert "MISSING" in r.stdout and "pip install ffcv" in r.stdout, r.stdout + r.stderr
+    assert "MISSING" in r.stdout and "pip install 'sluice[ffcv]'" in r.stdout, r.stdout + r.stderr
 
 
 def test_streaming_mode_covers_the_split_once(art):

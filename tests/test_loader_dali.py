@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from conftest import write_images
-from stages.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize,
+from sluice.stages.load.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize,
                             RandomResizedCrop, TorchAugment, Translate)
-from stages.ingest import IngestConfig
-from stages.sample_index import SampleIndex
-from stages.shard import ShardConfig, shard_dataset
-from storage.artifact import open_artifact
+from sluice.stages.data.ingest import IngestConfig
+from sluice.stages.load.sample_index import SampleIndex
+from sluice.stages.data.shard import ShardConfig, shard_dataset
+from sluice.storage.artifact import open_artifact
 
 pytest.importorskip("nvidia.dali")
-from stages.loader_dali import DaliBackend  # noqa: E402
+from sluice.stages.load.dali import DaliBackend  # noqa: E402
 
 CPU = torch.device("cpu")
 QUIET = dict(progress=False, workers=1)
@@ -95,7 +95,7 @@ def _ramp_artifact(tmp_path_factory, n=256, h=48, w=64):
 def test_import_does_not_load_dali():
     import subprocess
     import sys
-    code = "import sys; import stages.loader_dali; print('nvidia.dali' in sys.modules)"
+    code = "import sys; import sluice.stages.load.dali; print('nvidia.dali' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__('conftest').ROOT), check=True)
     assert out.stdout.strip() == "False"
@@ -104,7 +104,7 @@ def test_import_does_not_load_dali():
 def test_missing_dali_names_the_package(fmnist, monkeypatch):
     import importlib
 
-    from stages.errors import MissingBackend
+    from sluice.errors import MissingDependency
     real = importlib.import_module
 
     def fake(name, *a, **k):
@@ -112,7 +112,7 @@ def test_missing_dali_names_the_package(fmnist, monkeypatch):
             raise ImportError("No module named 'nvidia.dali'")
         return real(name, *a, **k)
     monkeypatch.setattr(importlib, "import_module", fake)
-    with pytest.raises(MissingBackend, match="nvidia-dali-cuda120"):
+    with pytest.raises(MissingDependency, match="nvidia-dali-cuda120"):
         DaliBackend(fmnist, "train", None, CPU, workers=1)
 
 
@@ -291,7 +291,7 @@ def test_throughput_npy_rrc_flip(fmnist):
 def test_same_draws_as_torch_augment(fmnist, ops, resolution):
     """Batch b's parameters come from batch_seed(seed, epoch_seed, b) with TorchAugment's own draw
     order, so TorchAugment reseeded with it gives the same images up to float rounding."""
-    from stages.loader_dali import batch_seed
+    from sluice.stages.load.dali import batch_seed
     spec = AugmentSpec(ops=ops)
     be = DaliBackend(fmnist, "train", spec, CPU, workers=2, seed=4)
     si = SampleIndex(fmnist, "train")

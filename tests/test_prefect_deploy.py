@@ -137,7 +137,7 @@ def test_nightly_schedule_is_the_documented_cron(stack):
 
 
 def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
-    from storage.registry import Registry
+    from sluice.storage.registry import Registry
     data = tmp_path / "data"
     state, out = stack.run_deployment("nightly-retrain/adhoc", _tiny(data))
     assert state == "COMPLETED", out[-4000:]
@@ -177,7 +177,7 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
 
 DASK_SCRIPT = """
 import sys
-from flows.nightly import prepare
+from sluice.flows.nightly import prepare
 if __name__ == "__main__":
     from distributed import LocalCluster
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
@@ -191,7 +191,7 @@ if __name__ == "__main__":
 
 def test_shard_map_runs_on_a_dask_cluster(stack, tmp_path):
     """prepare_runner=dask://...: every shard write is a Prefect task on a (local) Dask cluster."""
-    from storage.artifact import open_artifact
+    from sluice.storage.artifact import open_artifact
     script = tmp_path / "run_dask.py"
     script.write_text(DASK_SCRIPT)
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "data")], env=stack.env, cwd=ROOT,
@@ -240,7 +240,7 @@ def test_killed_flow_run_is_crashed_and_the_next_run_succeeds(stack, tmp_path):
     """kill -9 of the process running a flow (OOM killer, node loss) mid-training: Prefect marks
     the run Crashed, torchrun and its ranks die with it, the registry is untouched, and the next
     run on the same data completes."""
-    from storage.registry import Registry
+    from sluice.storage.registry import Registry
     data = tmp_path / "data"
     long_run = _tiny(data, train={"max_steps": 100000, "batch_size": 32, "comm": {"mode": "none"}})
     r = stack.cli("deployment", "run", "nightly-retrain/adhoc", "--params", json.dumps({"config": long_run}))

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from storage.registry import Registry, RegistryError
+from sluice.storage.registry import Registry, RegistryError
 
 
 def _ckpt(tmp_path, name="c.pt", data=b"weights"):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from stages.select import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
+from sluice.stages.select.methods import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
                            build_selector, compute_irreducible_loss, inject_label_noise,
                            irreducible_loss_scores, select_top)
-from stages.precision import resolve_amp
-from storage.scores import ScoresError, load_scores, save_scores
+from sluice.stages.precision import resolve_amp
+from sluice.storage.scores import ScoresError, load_scores, save_scores
 
 C = 10  # classes
 
@@ -82,7 +82,7 @@ def test_scoring_restores_model_mode():
 
 def test_chunked_scoring_selects_the_same_samples():
     """Scoring in chunks is a speed knob: in eval mode the losses, and so the picks, are the same."""
-    from stages.models import build_model
+    from sluice.stages.models import build_model
     torch.manual_seed(0)
     m = build_model("small_cnn", in_channels=1, num_classes=C, width=4).eval()
     x, y = torch.randn(50, 1, 28, 28), torch.randint(0, C, (50,))
@@ -98,7 +98,7 @@ def test_label_noise_scoring_caps_mislabelled_reducible_loss():
     """Under a label-noise likelihood a confidently 'wrong' label costs at most -log(a/K), about
     what an IL model trained on noisy labels assigns it, so it stops winning rho_loss's top-k;
     the loss ranking itself is unchanged (loss / selective backprop pick the same samples)."""
-    from stages.select import candidate_losses
+    from sluice.stages.select.methods import candidate_losses
     x = torch.zeros(3, C)
     x[0, 1] = 20.0          # sample 0: label 0, the model is sure it is class 1 (CE ~ 20)
     x[1, 1] = 1.0           # sample 1: label 1, learnable and not yet learnt (CE ~ 1.5)
@@ -371,7 +371,7 @@ def test_plain_training_loop(method, tmp_path):
     cfg = SelectionConfig(method=method, ratio=0.5, il=IL_CFG)
     il = irreducible_loss_scores(cfg.il, hx, hy, tx, ty, FP, tmp_path)
     sel = build_selector(cfg, il, candidate_size=16, split_size=96, dataset_fingerprint=FP)
-    from stages.models import build_model
+    from sluice.stages.models import build_model
     model = build_model("small_cnn", in_channels=1, num_classes=4, width=4)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x = (torch.as_tensor(tx).float().unsqueeze(1) / 255 - 0.286) / 0.353
@@ -392,7 +392,7 @@ def test_plain_training_loop(method, tmp_path):
 
 
 def test_none_means_no_selector_and_helpers():
-    from stages.select import candidate_size_for
+    from sluice.stages.select.methods import candidate_size_for
     assert build_selector(SelectionConfig(method="none")) is None
     assert candidate_size_for(SelectionConfig(ratio=0.2), 64) == 320
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, write_images
-from stages.errors import TooManyBadSamples
-from stages.ingest import IngestConfig
-from stages.shard import ShardConfig, shard_dataset
-from storage.artifact import ArtifactError, open_artifact
+from sluice.errors import TooManyBadSamples
+from sluice.stages.data.ingest import IngestConfig
+from sluice.stages.data.shard import ShardConfig, shard_dataset
+from sluice.storage.artifact import ArtifactError, open_artifact
 
 QUIET = dict(progress=False, workers=1)
 
@@ -124,8 +124,8 @@ def test_dali_index_matches_wds2idx(fmnist_artifact, tmp_path):
 
 KILL_SCRIPT = """
 import sys
-from stages.ingest import IngestConfig
-from stages.shard import ShardConfig, shard_dataset
+from sluice.stages.data.ingest import IngestConfig
+from sluice.stages.data.shard import ShardConfig, shard_dataset
 s = shard_dataset(IngestConfig(source="fashion-mnist", limit=int(sys.argv[2])), sys.argv[1],
                   ShardConfig(shard_samples=200, workers=1, progress=False))
 print("REUSED", s.shards_reused, "WRITTEN", s.shards_written)
@@ -188,12 +188,12 @@ def test_truncated_webdataset_shard_keeps_good_samples(fmnist_artifact, tmp_path
 def test_cli_shard_prints_summary(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("ingest:\n  limit: 200\nshard:\n  formats: [webdataset, dali]\n  workers: 1\n")
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "shard", "fashion-mnist", "--out", str(tmp_path / "o"),
+    r = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", "fashion-mnist", "--out", str(tmp_path / "o"),
                         "--config", str(cfg), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     for word in ("train", "holdout", "val", "test", "quarantined 0", "shards written"):
         assert word in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "flows.cli", "shard", "fashion-mnist", "--out", str(tmp_path / "o"),
+    bad = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", "fashion-mnist", "--out", str(tmp_path / "o"),
                           "--set", "shard.shard_samples=zero"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "shard.shard_samples" in bad.stderr
 
@@ -203,7 +203,7 @@ def test_shard_map_can_run_elsewhere(tmp_path):
     nothing with this process): the artifact is the same as the local pool's."""
     import concurrent.futures as cf
     import multiprocessing as mp
-    from stages.shard import write_shard_from_spec
+    from sluice.stages.data.shard import write_shard_from_spec
     ing = IngestConfig(source="fashion-mnist", limit=400)
     cfg = ShardConfig(shard_samples=100, formats=["webdataset", "dali"], progress=False, workers=1)
 

@@ -6,9 +6,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from storage import atomic
-from storage.artifact import ArtifactError, open_artifact
-from storage.manifest import read_manifest
+from sluice.errors import WriteError
+from sluice.storage import atomic
+from sluice.storage.artifact import ArtifactError, open_artifact
+from sluice.storage.manifest import read_manifest
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -39,7 +40,7 @@ def test_disk_full_names_the_file(tmp_path):
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
     try:
-        with pytest.raises(atomic.StorageError) as e:
+        with pytest.raises(WriteError) as e:
             atomic.write_bytes(mnt / "big.bin", b"x" * (1 << 20))
         assert "disk full" in str(e.value) and "big.bin" in str(e.value)
         assert list(mnt.iterdir()) == []
@@ -63,8 +64,8 @@ def test_manifest_round_trip_and_verify(fmnist_artifact):
 def test_open_artifact_follows_latest(fmnist_artifact):
     """LATEST names the version the last run produced or found (other tests add versions)."""
     from pathlib import Path
-    from stages.ingest import IngestConfig
-    from stages.shard import ShardConfig, shard_dataset
+    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.shard import ShardConfig, shard_dataset
     dataset_root = Path(fmnist_artifact.root).parent
     shard_dataset(IngestConfig(source="fashion-mnist", limit=600), dataset_root,
                   ShardConfig(shard_samples=128, progress=False, workers=1))
@@ -94,8 +95,8 @@ def test_missing_artifact_is_a_clear_error(tmp_path):
 
 def test_shard_to_fsspec_url():
     """Any fsspec URL works as the output; memory:// stands in for s3:// in tests."""
-    from stages.ingest import IngestConfig
-    from stages.shard import ShardConfig, shard_dataset
+    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.shard import ShardConfig, shard_dataset
     s = shard_dataset(IngestConfig(source="fashion-mnist", limit=100), "memory://sluice-test/ds",
                       ShardConfig(formats=["webdataset", "dali"], progress=False, workers=1))
     assert s.root.startswith("memory://")

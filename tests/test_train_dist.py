@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from stages.array_loader import fashion_mnist
-from stages.launch import RendezvousError, free_port, launch
-from stages.train import TrainError, TrainResult
-from storage.checkpoint import load_checkpoint
+from sluice.stages.load.arrays import fashion_mnist
+from sluice.stages.train.launch import RendezvousError, free_port, launch
+from sluice.stages.train.loop import TrainError, TrainResult
+from sluice.storage.checkpoint import load_checkpoint
 
 QUIET = {"on_line": lambda line: None, "timeout_s": 240}
 

@@ -4,7 +4,7 @@
 ``ffcv``: FFCV's compiled reader over the ``.beton``, driven by our order.
 ``webdataset``: the tar shards read by offset (DALI index files) in torch DataLoader workers;
 or, as an explicit ``streaming`` mode, plain WebDataset streaming with shard shuffle.
-The DALI backend (``stages.loader_dali``) also augments on its side and yields finished batches.
+The DALI backend (``sluice.stages.load.dali``) also augments on its side and yields finished batches.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from stages.errors import require
-from stages.procs import fork_safe
-from stages.sample_index import SampleIndex
-from storage.artifact import DatasetArtifact
+from sluice.errors import require
+from sluice.stages.procs import fork_safe
+from sluice.stages.load.sample_index import SampleIndex
+from sluice.storage.artifact import DatasetArtifact
 
 RawBatch = tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]
 
@@ -40,7 +40,7 @@ def _pixels(si: SampleIndex, i: int) -> np.ndarray:
     as PIL, so the same pixels; about 2× faster for small images). Anything unusual (CMYK, no
     OpenCV, a decode failure) goes through PIL as before."""
     if si.encoding in ("jpg", "jpeg"):
-        from stages.augment import _cv2
+        from sluice.stages.load.augment import _cv2
         cv2 = _cv2()
         data = si.read(i)
         if cv2 is not None and _jpeg_components(data) in (1, 3):
@@ -147,7 +147,7 @@ class FfcvBackend:
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, batch_size: int):
         threads = torch.get_num_threads()
-        require("ffcv", "ffcv", "the ffcv loader backend")
+        require("ffcv", "ffcv", "ffcv", "the ffcv loader backend")
         _keep_torch_threads()
         torch.set_num_threads(threads)  # importing FFCV set torch to 1 thread, process-wide
         from ffcv.fields.basics import IntDecoder
@@ -233,7 +233,7 @@ class WebDatasetBackend:
         self.streaming, self.shuffle_buffer, self.seed = streaming, shuffle_buffer, seed
         self.si = None if streaming else SampleIndex(artifact, split)
         if self.si is not None and self.si.encoding in ("jpg", "jpeg"):
-            from stages.augment import _cv2
+            from sluice.stages.load.augment import _cv2
             _cv2()  # imported once here, not in every epoch's freshly forked workers
         self.timings = Timings()
         self.forks_per_epoch = workers > 0 and not streaming
@@ -258,7 +258,7 @@ class WebDatasetBackend:
 
     def _stream(self, order: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[RawBatch]:
         """Plain WebDataset: as many samples as this rank's share, in stream order."""
-        wds = require("webdataset", "webdataset", "the webdataset streaming mode")
+        wds = require("webdataset", "webdataset", "webdataset", "the webdataset streaming mode")
         import io
         urls = [str(self.artifact.local(sh.tar)) for sh in self.artifact.manifest.split(self.split).shards]
         ext = self.artifact.manifest.fields.image.encoding

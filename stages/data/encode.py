@@ -11,8 +11,8 @@ import numbers
 
 import numpy as np
 
-from stages.errors import SampleError
-from stages.ingest import RawSample
+from sluice.errors import SampleError
+from sluice.stages.data.ingest import RawSample
 
 NPY_HEADERS: dict[tuple[int, ...], bytes] = {}
 

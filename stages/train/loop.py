@@ -1,7 +1,7 @@
 """The training stage: one loop that runs in-process (one rank) or as a ``torchrun`` worker (DDP).
 
-``train(config, loader, eval_loader, selector)`` is the loop; ``python -m stages.train --job
-job.json`` is the worker entry point ``stages.launch`` starts under ``torchrun``. The loop
+``train(config, loader, eval_loader, selector)`` is the loop; ``python -m sluice.stages.train.loop --job
+job.json`` is the worker entry point ``sluice.stages.train.launch`` starts under ``torchrun``. The loop
 consumes any *loader* honouring :class:`Loader` (batches of ``(images, labels, indices)``,
 exact mid-epoch resume), optionally passes each candidate batch through a *selector*, and
 writes atomic checkpoints from which a restarted job (``torchrun --max-restarts``) continues
@@ -28,13 +28,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from stages.comm import CommHook, uncompressed_bytes
-from stages.errors import SluiceError
-from stages.models import build_model
-from stages.precision import AmpMode, resolve_amp
-from storage.atomic import write_json
-from storage.checkpoint import CheckpointMismatch, checkpoint_path, load_checkpoint, save_checkpoint
-from storage.fingerprint import hash_obj
+from sluice.stages.train.comm import CommHook, uncompressed_bytes
+from sluice.errors import NonFiniteLoss, SluiceError, TrainError
+from sluice.stages.models import build_model
+from sluice.stages.precision import AmpMode, resolve_amp
+from sluice.storage.atomic import write_json
+from sluice.storage.checkpoint import CheckpointMismatch, checkpoint_path, load_checkpoint, save_checkpoint
+from sluice.storage.fingerprint import hash_obj
 
 # ---------------------------------------------------------------------------------------------
 # Config
@@ -42,7 +42,7 @@ from storage.fingerprint import hash_obj
 
 
 class CommConfig(BaseModel):
-    """Gradient communication (DDP comm hook); see ``stages.comm``."""
+    """Gradient communication (DDP comm hook); see ``sluice.stages.train.comm``."""
     model_config = ConfigDict(extra="forbid")
     mode: Literal["none", "fp16", "bf16", "powersgd"] = "none"
     powersgd_rank: int = Field(2, ge=1)
@@ -101,7 +101,7 @@ class TrainConfig(BaseModel):
     ema_decay: float | None = Field(None, gt=0, lt=1)  # evaluate an EMA of the weights
     # speed
     amp: AmpMode = Field("none", description="autocast dtype; 'auto' = bf16/fp16 where the "
-                         "device computes it natively, else fp32 (stages.precision)")
+                         "device computes it natively, else fp32 (sluice.stages.precision)")
     channels_last: bool = False
     compile: bool = False
     comm: CommConfig = Field(default_factory=CommConfig)
@@ -142,7 +142,7 @@ class TrainConfig(BaseModel):
 
 @runtime_checkable
 class Loader(Protocol):
-    """What the loop needs from a loader (``stages.loader`` and ``ArrayLoader`` provide it).
+    """What the loop needs from a loader (``sluice.stages.load.loader`` and ``ArrayLoader`` provide it).
 
     Iterating yields ``(images NCHW uint8|float, labels int64, indices int64)``; ``len`` is the
     batches per epoch on this rank (equal on every rank); ``state_dict`` resumes mid-epoch at the
@@ -193,14 +193,6 @@ class TrainResult:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-class TrainError(SluiceError):
-    """A run that cannot go on (bad config, bad data, diverged); retrying will not help."""
-
-
-class NonFiniteLoss(TrainError):
-    """The loss became NaN or inf; the last good checkpoint is kept."""
-
-
 # ---------------------------------------------------------------------------------------------
 # Loader specs: JSON descriptions resolved inside each worker process
 # ---------------------------------------------------------------------------------------------
@@ -224,8 +216,8 @@ def build_loader(spec: dict[str, Any], *, rank: int = 0, world_size: int = 1,
         raise TrainError(f"a loader spec is a dict with a 'kind', got {spec!r}")
     kind = spec["kind"]
     if kind not in _LOADERS:
-        with contextlib.suppress(ImportError):  # stages.loader registers its own kinds
-            importlib.import_module("stages.loader")
+        with contextlib.suppress(ImportError):  # sluice.stages.load.loader registers its own kinds
+            importlib.import_module("sluice.stages.load.loader")
     if kind not in _LOADERS:
         raise TrainError(f"unknown loader kind {kind!r}; known: {sorted(_LOADERS)}")
     return _LOADERS[kind](spec, rank=rank, world_size=world_size, batch_size=batch_size,
@@ -236,7 +228,7 @@ def build_loader(spec: dict[str, Any], *, rank: int = 0, world_size: int = 1,
 def _arrays_loader(spec: dict[str, Any], *, rank: int, world_size: int, batch_size: int,
                    seed: int, train: bool) -> Loader:
     """``{"kind": "arrays", "path": "x.npz" | "fashion-mnist:train", "limit": n, ...}``."""
-    from stages.array_loader import ArrayLoader, load_arrays
+    from sluice.stages.load.arrays import ArrayLoader, load_arrays
     unknown = set(spec) - {"kind", "path", "limit", "batch_size", "delay_s", "shuffle"}
     if unknown:
         raise TrainError(f"arrays loader spec has unknown keys {sorted(unknown)}")
@@ -786,7 +778,7 @@ def final_parameters(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Worker entry point (run by torchrun via stages.launch)
+# Worker entry point (run by torchrun via sluice.stages.train.launch)
 # ---------------------------------------------------------------------------------------------
 
 FATAL = "error.json"
@@ -859,13 +851,13 @@ def worker(job_path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Sluice training worker (run under torchrun)")
-    ap.add_argument("--job", required=True, help="job.json written by stages.launch")
+    ap.add_argument("--job", required=True, help="job.json written by sluice.stages.train.launch")
     return worker(ap.parse_args(argv).job)
 
 
 if __name__ == "__main__":
     # run the imported module, not __main__, so registries (register_loader) are shared
-    from stages.train import main as _main
+    from sluice.stages.train.loop import main as _main
     code = _main()
     # Leave without interpreter/C++ teardown: results are already written atomically, and
     # destructors of gloo's and the loader's threads can abort a finished rank at exit

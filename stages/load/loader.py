@@ -1,7 +1,7 @@
 """One loader over FFCV, DALI, WebDataset or RAM, with samplers, device-side augmentation,
 prefetching and exact mid-epoch resume.
 
-    from stages.loader import Loader
+    from sluice.stages.load.loader import Loader
     loader = Loader("sluice-data/fashion-mnist", split="train", batch_size=256, backend="ffcv",
                     augment=AugmentSpec.standard())
     for epoch in range(epochs):
@@ -10,7 +10,7 @@ prefetching and exact mid-epoch resume.
             ...
 
 Importing this module imports neither FFCV nor DALI; a backend is imported when asked for, and a
-missing one raises ``MissingBackend`` naming the pip package.
+missing one raises ``MissingDependency`` naming the pip package.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from stages.augment import AugmentSpec, TorchAugment
-from stages.loader_backends import Timings
-from stages.samplers import ResolutionSchedule, Sampler, SamplerConfig, build_sampler, partition
-from storage.artifact import DatasetArtifact, open_artifact
-from storage.manifest import ArtifactError
+from sluice.stages.load.augment import AugmentSpec, TorchAugment
+from sluice.stages.load.backends import Timings
+from sluice.stages.load.samplers import ResolutionSchedule, Sampler, SamplerConfig, build_sampler, partition
+from sluice.storage.artifact import DatasetArtifact, open_artifact
+from sluice.storage.manifest import ArtifactError
 
 Backend = Literal["auto", "memory", "ffcv", "dali", "webdataset"]
 
@@ -65,7 +65,7 @@ def _resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: i
     shape = artifact.manifest.fields.image.shape
     n = artifact.manifest.split(split).count
     if shape is not None:
-        from stages.loader_backends import _available_memory
+        from sluice.stages.load.backends import _available_memory
         need = n * int(np.prod(shape))
         if need <= (budget if budget is not None else _available_memory() // 4):
             return "memory"
@@ -185,16 +185,16 @@ class Loader:
         if self._backend is None:
             cfg, art, split, w = self.config, self.artifact, self.config.split, self.workers
             if self.backend_name == "memory":
-                from stages.loader_backends import MemoryBackend
+                from sluice.stages.load.backends import MemoryBackend
                 self._backend = MemoryBackend(art, split, w, cfg.memory_budget_bytes)
             elif self.backend_name == "ffcv":
-                from stages.loader_backends import FfcvBackend
+                from sluice.stages.load.backends import FfcvBackend
                 self._backend = FfcvBackend(art, split, max(1, w), cfg.batch_size)
             elif self.backend_name == "webdataset":
-                from stages.loader_backends import WebDatasetBackend
+                from sluice.stages.load.backends import WebDatasetBackend
                 self._backend = WebDatasetBackend(art, split, w, cfg.streaming, cfg.shuffle_buffer, cfg.seed)
             elif self.backend_name == "dali":
-                from stages.loader_dali import DaliBackend
+                from sluice.stages.load.dali import DaliBackend
                 self._backend = DaliBackend(art, split, cfg.augment, self.device, max(1, w), cfg.seed)
             else:
                 raise ValueError(f"unknown backend {self.backend_name!r}")
@@ -308,7 +308,7 @@ class Loader:
 def load_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:
     """The whole split as (uint8 NHWC images, int64 labels), index-aligned: for scorers such as
     the irreducible-loss model that want every sample at once."""
-    from stages.loader_backends import MemoryBackend
+    from sluice.stages.load.backends import MemoryBackend
     art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
     be = MemoryBackend(art, split, os.cpu_count() or 1)
     return be.images, be.labels
@@ -318,7 +318,7 @@ def _register_with_train_stage() -> None:
     """Make ``{"kind": "artifact", "root": ..., "loader": {...LoaderConfig}}`` a loader spec the
     training stage can build inside each torchrun worker."""
     try:
-        from stages.train import register_loader
+        from sluice.stages.train.loop import register_loader
     except ImportError:  # the training stage is optional for loader users
         return
 

@@ -28,18 +28,18 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from stages.encode import decode_pixels, encode_image, to_label
-from stages.errors import SampleError, SluiceError, TooManyBadSamples
-from stages.procs import default_sigterm, fork_safe
-from stages.ingest import IngestConfig, RawSample, Source, open_source, plan_splits, source_record
-from stages.tarwrite import TarShardWriter
-from storage import atomic
-from storage.artifact import LATEST
-from storage.fingerprint import combine, hash_obj, sha256_file
-from storage.manifest import (SCHEMA_VERSION, SPLITS, FieldSpecs, FileRecord, ImageFieldSpec,
+from sluice.stages.data.encode import decode_pixels, encode_image, to_label
+from sluice.errors import SampleError, ShardError, SluiceError, TooManyBadSamples
+from sluice.stages.procs import default_sigterm, fork_safe
+from sluice.stages.data.ingest import IngestConfig, RawSample, Source, open_source, plan_splits, source_record
+from sluice.stages.data.tarwrite import TarShardWriter
+from sluice.storage import atomic
+from sluice.storage.artifact import LATEST
+from sluice.storage.fingerprint import combine, hash_obj, sha256_file
+from sluice.storage.manifest import (SCHEMA_VERSION, SPLITS, FieldSpecs, FileRecord, ImageFieldSpec,
                               LabelFieldSpec, Manifest, QuarantineRecord, ShardRecord, SplitRecord,
                               read_manifest, write_manifest)
-from storage.paths import filesystem, is_local, join, local_path
+from sluice.storage.paths import filesystem, is_local, join, local_path
 
 Format = Literal["webdataset", "dali", "ffcv"]
 ALL_FORMATS: list[Format] = ["webdataset", "dali", "ffcv"]
@@ -81,10 +81,6 @@ class PrepareConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     shard: ShardConfig = Field(default_factory=ShardConfig)
-
-
-class ShardStageError(SluiceError):
-    """The stage could not produce an artifact; the message says why and where."""
 
 
 @dataclass
@@ -232,8 +228,8 @@ class _FfcvView:
 
 
 def _ffcv_fields(cfg: ShardConfig, shape: tuple[int, int, int] | None):
-    from stages.errors import require
-    require("ffcv", "ffcv", "writing the FFCV .beton")
+    from sluice.errors import require
+    require("ffcv", "ffcv", "ffcv", "writing the FFCV .beton")
     from ffcv.fields import BytesField, IntField, NDArrayField, RGBImageField
     if _ffcv_kind(cfg, shape) == "rgb_image":
         mode = "jpg" if cfg.encoding == "jpg" else "raw"
@@ -272,7 +268,7 @@ def _write_ffcv(path: Path, items, src, cfg: ShardConfig, ncls, shape, workers: 
         if os.path.exists(view.errors_path):
             errors = Path(view.errors_path).read_text()
             os.unlink(view.errors_path)
-            raise ShardStageError(f"FFCV writer failed on samples that passed the scan:\n{errors[:2000]}")
+            raise ShardError(f"FFCV writer failed on samples that passed the scan:\n{errors[:2000]}")
     atomic.write_with(path, fill)
 
 
@@ -327,7 +323,7 @@ class _FfcvJob:
         if self.proc.exitcode != 0:
             detail = self.error_file.read_text() if self.error_file.exists() else f"exit code {self.proc.exitcode}"
             self.error_file.unlink(missing_ok=True)
-            raise ShardStageError(f"writing the FFCV files failed: {detail}")
+            raise ShardError(f"writing the FFCV files failed: {detail}")
 
 
 # ------------------------------------------------------------------ the stage
@@ -391,7 +387,7 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
     except SluiceError:
         raise
     except OSError as e:
-        raise ShardStageError(f"writing the artifact under {work} failed: {e}") from e
+        raise ShardError(f"writing the artifact under {work} failed: {e}") from e
     finally:
         _JOB.clear()
     if not is_local(root):
@@ -489,7 +485,7 @@ def _dedupe_keys(items: list[list]) -> None:
 
 def _check_bad(bad: list[dict], total: int, cfg: ShardConfig, remove: Path | None) -> None:
     if total == 0:
-        raise ShardStageError("the source has no samples to shard")
+        raise ShardError("the source has no samples to shard")
     frac = len(bad) / total
     if frac > cfg.max_bad_fraction or len(bad) == total:
         if remove is not None:

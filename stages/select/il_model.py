@@ -18,23 +18,19 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from stages.errors import SluiceError
-from stages.models import build_model
-from stages.precision import resolve_amp
-from storage.scores import Scores, find_scores, save_scores
+from sluice.errors import SelectionError
+from sluice.stages.models import build_model
+from sluice.stages.precision import resolve_amp
+from sluice.storage.scores import Scores, find_scores, save_scores
 
 IL_KIND = "irreducible_loss"
-
-
-class SelectionError(SluiceError, ValueError):
-    """Selection cannot run with this input (bad sizes, NaN losses, foreign scores...)."""
 
 
 class ILModelConfig(BaseModel):
     """How the irreducible-loss model is built and trained; part of the scores' key."""
     model_config = ConfigDict(extra="forbid")
 
-    architecture: str = Field("small_cnn", description="stages.models name or 'pkg.mod:factory'")
+    architecture: str = Field("small_cnn", description="sluice.stages.models name or 'pkg.mod:factory'")
     model_kwargs: dict[str, int | float | str | bool] = Field(default_factory=dict)
     epochs: int = Field(10, ge=1)
     lr: float = Field(2e-3, gt=0)

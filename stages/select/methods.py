@@ -6,7 +6,7 @@ Methods (``SelectionConfig.method``):
 * ``uniform``: a random ``n_b`` of the ``n_B`` candidates (the control; no forward pass).
 * ``loss``: the ``n_b`` candidates with the highest training loss.
 * ``rho_loss``: the ``n_b`` with the highest reducible loss = training loss - irreducible loss
-  (Mindermann et al. 2022); the IL comes from ``stages.select_il`` (a scores artifact).
+  (Mindermann et al. 2022); the IL comes from ``sluice.stages.select.il_model`` (a scores artifact).
 * ``selective_backprop`` (Jiang et al. 2019): each candidate is kept with probability
   ``percentile(loss among recent losses) ** beta``; kept samples queue up and exactly ``n_b``
   are trained per call (topped up with the most likely non-kept ones when the queue is short).
@@ -45,19 +45,19 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from stages.select_il import (IL_KIND, ILModelConfig, SelectionError, compute_irreducible_loss,
+from sluice.stages.select.il_model import (IL_KIND, ILModelConfig, SelectionError, compute_irreducible_loss,
                               irreducible_loss_scores)
-from storage.scores import Scores, ScoresError, check_scores
+from sluice.storage.scores import Scores, ScoresError, check_scores
 
 __all__ = ["SelectionConfig", "ILModelConfig", "SelectedBatch", "SelectionError", "build_selector",
            "compute_irreducible_loss", "irreducible_loss_scores", "IL_KIND", "ImportanceSampler",
            "LabelNoise", "inject_label_noise", "select_top", "selection_scores"]
 
 try:
-    from stages.train import SelectedBatch  # type: ignore[attr-defined]
+    from sluice.stages.train.loop import SelectedBatch  # type: ignore[attr-defined]
 except ImportError:
     @dataclass
-    class SelectedBatch:  # identical to stages.train.SelectedBatch (the training stage's type)
+    class SelectedBatch:  # identical to sluice.stages.train.loop.SelectedBatch (the training stage's type)
         """The samples to train on this step, optional per-sample loss weights, and stats."""
         images: torch.Tensor
         labels: torch.Tensor

@@ -15,7 +15,7 @@ the distribution is that of ``TorchAugment`` by construction; a run is reproduci
 once and reused for every epoch, order and resolution (sizes are tensor arguments too).
 
 Importing this module does not import DALI; constructing a ``DaliBackend`` does, and raises
-``MissingBackend`` naming ``nvidia-dali-cuda120`` when it is not installed.
+``MissingDependency`` naming ``nvidia-dali-cuda120`` when it is not installed.
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from stages.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize,
+from sluice.stages.load.augment import (AugmentSpec, BrightnessContrast, Cutout, Flip, Normalize,
                             RandomResizedCrop, Translate, rrc_boxes)
-from stages.errors import require
-from stages.sample_index import SampleIndex
-from storage.artifact import DatasetArtifact
+from sluice.errors import require
+from sluice.stages.load.sample_index import SampleIndex
+from sluice.storage.artifact import DatasetArtifact
 
 
 def _image_hwc(data: bytes, encoding: str) -> tuple[int, int, int]:
@@ -71,7 +71,7 @@ class DaliBackend:
 
     def __init__(self, artifact: DatasetArtifact, split: str, augment: AugmentSpec | None,
                  device: torch.device, workers: int, seed: int = 0):
-        require("nvidia.dali", "nvidia-dali-cuda120", "the dali loader backend")
+        require("nvidia.dali", "nvidia-dali-cuda120", "dali", "the dali loader backend")
         self.artifact = artifact
         self.split = split
         self.spec = augment or AugmentSpec()

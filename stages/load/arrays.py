@@ -1,6 +1,6 @@
 """An in-memory loader over numpy arrays that honours the train loop's loader contract.
 
-Used by tests, benchmarks and notebooks (and as the reference for ``stages.loader``): each
+Used by tests, benchmarks and notebooks (and as the reference for ``sluice.stages.load.loader``): each
 epoch is one seeded permutation (same on every rank), split into disjoint per-rank shards of
 equal length, so DDP ranks always run the same number of steps. With ``drop_last=False`` the
 permutation is padded by wrapping around (like ``DistributedSampler``) so nothing is dropped;
@@ -115,7 +115,7 @@ def fashion_mnist(split: str = "train",
     """Fashion-MNIST from its gz IDX files: uint8 (N, 28, 28) and int64 labels."""
     from pathlib import Path
 
-    from stages.ingest import read_idx
+    from sluice.stages.data.ingest import read_idx
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
         raise ValueError(f"fashion-mnist split must be 'train' or 'test', got {split!r}")

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from stages.augment import AugmentSpec, Normalize
-from stages.models import build_model
-from storage.checkpoint import load_checkpoint
+from sluice.stages.load.augment import AugmentSpec, Normalize
+from sluice.stages.models import build_model
+from sluice.storage.checkpoint import load_checkpoint
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike, use_ema: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -38,8 +38,8 @@ def model_from_checkpoint(checkpoint: str | os.PathLike, use_ema: bool = True) -
 def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLike, split: str = "test",
                         batch_size: int = 1000, backend: str = "auto") -> dict[str, float]:
     """Accuracy and mean cross-entropy of a checkpoint over every sample of ``split``."""
-    from stages.loader import Loader, LoaderConfig
-    from stages.samplers import SamplerConfig
+    from sluice.stages.load.loader import Loader, LoaderConfig
+    from sluice.stages.load.samplers import SamplerConfig
     model, cfg = model_from_checkpoint(checkpoint)
     spec = AugmentSpec(ops=[Normalize(mean=cfg.get("normalize_mean", [0.5]), std=cfg.get("normalize_std", [0.5]))])
     loader = Loader(artifact, LoaderConfig(split=split, batch_size=batch_size, backend=backend, augment=spec,

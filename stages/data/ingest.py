@@ -3,7 +3,7 @@
 A source knows its own splits (``train``, and ``test`` when it has one), how many samples each
 holds, and how to load sample ``i`` of a split. Loading is random access so shard writers in
 several processes can each read their own partition. Nothing is decoded or validated here;
-``stages.shard`` does that per sample and quarantines what fails.
+``sluice.stages.data.shard`` does that per sample and quarantines what fails.
 
 Supported sources:
 
@@ -28,9 +28,9 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from stages.errors import SampleError, SourceError
-from storage.fingerprint import hash_files, hash_obj
-from storage.manifest import SourceRecord
+from sluice.errors import SampleError, SourceError
+from sluice.storage.fingerprint import hash_files, hash_obj
+from sluice.storage.manifest import SourceRecord
 
 NAMED_SOURCES = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",

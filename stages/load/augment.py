@@ -1,7 +1,7 @@
 """Augmentation as data: a small declarative spec, executed as batched ops on the device.
 
 The same ``AugmentSpec`` runs as batched torch ops on the target device (FFCV, WebDataset and
-in-memory backends; see ``TorchAugment``) or as DALI operators (``stages.loader_dali``), and gives
+in-memory backends; see ``TorchAugment``) or as DALI operators (``sluice.stages.load.dali``), and gives
 statistically the same result on both. Input: uint8 NHWC; output: float32 NCHW, normalised,
 optionally channels-last in memory. On CPU the loader runs a leading random-resized-crop (+ flip)
 with OpenCV on the uint8 pixels instead (``TorchAugment(fast_cpu=True)``): same draws, 3-4× less CPU.

@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from storage.artifact import DatasetArtifact
-from storage.manifest import ArtifactError
+from sluice.storage.artifact import DatasetArtifact
+from sluice.storage.manifest import ArtifactError
 
 
 class SampleIndex:

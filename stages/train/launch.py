@@ -1,5 +1,5 @@
 """Start training under ``torchrun`` from Python (what the flows call), stream its logs, and
-return rank 0's :class:`~stages.train.TrainResult`.
+return rank 0's :class:`~sluice.stages.train.loop.TrainResult`.
 
 Single node: a c10d rendezvous on ``127.0.0.1:<free port>`` (loopback only, nothing is exposed).
 Several nodes: every node calls ``launch`` with the same ``rdzv_endpoint`` (node 0's address)
@@ -22,19 +22,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from stages.errors import SluiceError
-from stages.train import FATAL, RESULT, TrainConfig, TrainError, TrainResult
-from storage.atomic import write_json
+from sluice.errors import LaunchError, RendezvousError
+from sluice.stages.train.loop import FATAL, RESULT, TrainConfig, TrainError, TrainResult
+from sluice.storage.atomic import write_json
 
 LOOPBACK = "127.0.0.1"
-
-
-class LaunchError(SluiceError):
-    """torchrun failed: the message carries the workers' error or the tail of their logs."""
-
-
-class RendezvousError(LaunchError):
-    """This node could not reach the rendezvous endpoint in time."""
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -69,7 +61,7 @@ def torchrun_command(job: Path, nproc: int, endpoint: str, nnodes: int, max_rest
            "--rdzv-conf", f"join_timeout={int(rdzv_timeout_s)},read_timeout={int(rdzv_timeout_s)}"]
     if host in (LOOPBACK, "localhost"):
         cmd += ["--local-addr", LOOPBACK]
-    return cmd + ["-m", "stages.train", "--job", str(job)]
+    return cmd + ["-m", "sluice.stages.train.loop", "--job", str(job)]
 
 
 def launch(config: TrainConfig | dict[str, Any], loader_spec: dict[str, Any],
@@ -79,7 +71,7 @@ def launch(config: TrainConfig | dict[str, Any], loader_spec: dict[str, Any],
            max_restarts: int = 0, timeout_s: float | None = None,
            selector: dict[str, Any] | None = None, env: dict[str, str] | None = None,
            on_line: Callable[[str], None] | None = None) -> TrainResult:
-    """Run ``stages.train`` under torchrun with ``nproc`` ranks on this node; return rank 0's result.
+    """Run ``sluice.stages.train.loop`` under torchrun with ``nproc`` ranks on this node; return rank 0's result.
 
     ``out_dir`` (default: a new temp directory) receives ``job.json``, ``checkpoints/``,
     ``metrics.jsonl``, ``result.json`` and ``torchrun.log``; launching again on the same
@@ -121,7 +113,7 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
     """Run torchrun, copy its output to ``log`` and ``on_line`` (default: stdout)."""
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    repo = str(Path(__file__).resolve().parent.parent)  # workers import stages.*
+    repo = str(Path(__file__).resolve().parents[2])  # workers import user code by module path
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, full_env.get("PYTHONPATH")) if p)
     emit = on_line or (lambda s: print(s, end="", flush=True))
     tail: list[str] = []

@@ -1,0 +1,1 @@
+"""Candidate batch → selected batch: sample-selection methods and the irreducible-loss model."""
