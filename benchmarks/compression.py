@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sluice.stages.train.launch import launch
+from sluice.stages.train.launch import launch, make_job
 
 RESULTS = Path(__file__).resolve().parent / "results" / "compression.json"
 
@@ -67,7 +67,7 @@ def run(quick: bool, only: list[str] | None = None, steps: int | None = None,
             if (only and key not in only) or (quick and not only and key not in REQUIRED):
                 continue
             t0 = time.time()
-            r = launch({**base, **over}, train_spec, test_spec, nproc=2,
+            r = launch(make_job({**base, **over}, train_spec, test_spec), nproc=2,
                        out_dir=Path(tmp) / key, on_line=lambda line: None, timeout_s=1200)
             s = r.summary
             ms = r.metrics[5:]  # skip the first steps (allocations, DDP bucket rebuild)

@@ -76,7 +76,7 @@ RAW_LIBS = ("raw ffcv", "raw dali", "raw webdataset")  # the libraries (numpy+to
 # ---------------------------------------------------------------------------- data
 
 def make_artifacts(fmnist_limit: int | None, crops: int) -> dict[str, dict]:
-    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     no_split = dict(holdout_fraction=0.0, val_fraction=0.0, test_fraction=0.0)
     out = {}
@@ -143,7 +143,7 @@ EpochFn = Callable[[int], int]
 
 
 def build_sluice(backend: str, art: dict, ds: str):
-    from sluice.stages.load.loader import Loader
+    from sluice.stages.load import Loader
     loader = Loader(art["root"], split="train", batch_size=BATCH, backend=backend, workers=WORKERS,
                     augment=spec_for(ds), verify="size")
 
@@ -166,10 +166,10 @@ def build_sluice(backend: str, art: dict, ds: str):
 
 def build_numpy(art: dict, ds: str):
     from sluice.stages.load.augment import TorchAugment
-    from sluice.stages.load.backends import _decode_all
+    from sluice.stages.load.backends.memory import decode_split
     from sluice.storage.artifact import open_artifact
     a = open_artifact(art["root"])
-    images = _decode_all(a, "train", a.manifest.fields.image.shape, WORKERS)
+    images = decode_split(a, "train", a.manifest.fields.image.shape, WORKERS)
     labels = a.labels("train")
     aug = TorchAugment(spec_for(ds), seed=0)
 
@@ -345,10 +345,10 @@ def build_pil(art: dict, ds: str):
         paths, labels = folder_files(Path(art["folder"]))
         dataset = _FolderPIL(paths, labels, d["size"])
     else:
-        from sluice.stages.load.backends import _decode_all
+        from sluice.stages.load.backends.memory import decode_split
         from sluice.storage.artifact import open_artifact
         a = open_artifact(art["root"])
-        images = _decode_all(a, "train", a.manifest.fields.image.shape, WORKERS)[:, :, :, 0]
+        images = decode_split(a, "train", a.manifest.fields.image.shape, WORKERS)[:, :, :, 0]
         dataset = _ArrayPIL(images, a.labels("train"), d["size"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
                                          persistent_workers=True, prefetch_factor=4)

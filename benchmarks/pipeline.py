@@ -89,13 +89,13 @@ class PlainLoop:
 
     def __init__(self, cfg: dict[str, Any], artifact_root: str):
         import torch
-        from sluice.stages.load.loader import load_arrays
+        from sluice.stages.load import split_arrays
         from sluice.stages.models import build_model
-        from sluice.stages.precision import resolve_amp
+        from sluice.stages.compute import resolve_amp
         self.t = t = cfg["train"]
         torch.manual_seed(0)
-        x, y = load_arrays(artifact_root, "train")
-        tx, ty = load_arrays(artifact_root, "test")
+        x, y = split_arrays(artifact_root, "train")
+        tx, ty = split_arrays(artifact_root, "test")
         mean, std = t["normalize_mean"][0], t["normalize_std"][0]
         self.X = torch.from_numpy(x).permute(0, 3, 1, 2).float().div_(255).sub_(mean).div_(std)
         self.Y = torch.from_numpy(y)
@@ -161,10 +161,10 @@ def direct(cfg: dict[str, Any], chunk_steps: int = 0) -> tuple[dict[str, Any], d
     the pipeline's training halts every ``chunk_steps`` steps (checkpoint, exact resume) and the
     plain loop trains as many steps in between, so both training clocks see the same stretch of
     the host's speed; without, the plain loop runs after the pipeline."""
-    from sluice.flows.config_model import PipelineConfig, dataset_info, training_job
+    from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job
     from sluice.stages.train.evaluate import evaluate_checkpoint
     from sluice.stages.train.launch import launch
-    from sluice.stages.load.loader import load_arrays
+    from sluice.stages.load import split_arrays
     from sluice.stages.select.il_model import irreducible_loss_scores
     from sluice.stages.data.shard import shard_dataset
     c = PipelineConfig.model_validate(cfg)
@@ -176,8 +176,8 @@ def direct(cfg: dict[str, Any], chunk_steps: int = 0) -> tuple[dict[str, Any], d
     t1 = time.perf_counter()
     il_path = None
     if c.selection.method == "rho_loss":  # as the flow: the IL model only where it is used
-        hx, hy = load_arrays(s.root, "holdout")
-        tx, ty = load_arrays(s.root, "train")
+        hx, hy = split_arrays(s.root, "holdout")
+        tx, ty = split_arrays(s.root, "train")
         il_path = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, s.manifest.fingerprint,
                                           c.scores_dir()).path
     sec["irreducible_loss"] = time.perf_counter() - t1
@@ -189,7 +189,7 @@ def direct(cfg: dict[str, Any], chunk_steps: int = 0) -> tuple[dict[str, Any], d
         k += 1
         halt = k * chunk_steps if chunk_steps else None
         t2 = time.perf_counter()
-        result = launch(**{**job, "config": job["config"].model_copy(update={"halt_at_step": halt})},
+        result = launch(job.model_copy(update={"config": job.config.model_copy(update={"halt_at_step": halt})}),
                         nproc=c.nproc, out_dir=str(c.runs_dir() / "direct"))
         train_s += time.perf_counter() - t2
         launches += 1
@@ -276,7 +276,7 @@ def _startup(train_wall: float, evals: list[dict[str, Any]]) -> float:
 
 def start_embedded_api() -> float:
     """Start Prefect's embedded server with a trivial flow; return how long that took."""
-    import flows  # noqa: F401  (its environment defaults must precede Prefect's import)
+    import sluice.flows  # noqa: F401  (its environment defaults must precede Prefect's import)
     from prefect import flow
 
     @flow(name="warm-up")

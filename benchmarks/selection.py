@@ -34,10 +34,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sluice.stages.data.ingest import read_idx
+from sluice.stages.data.sources.idx import read_idx
 from sluice.stages.models import build_model
-from sluice.stages.precision import resolve_amp
-from sluice.stages.select.methods import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
+from sluice.stages.compute import resolve_amp
+from sluice.stages.select import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
                            irreducible_loss_scores)
 from sluice.storage.atomic import write_json
 from sluice.storage.fingerprint import combine, hash_files, hash_obj

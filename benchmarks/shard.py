@@ -27,7 +27,9 @@ def _dir_bytes(path: Path) -> int:
 
 
 def load_fmnist(limit: int | None):
-    from sluice.stages.data.ingest import IngestConfig, open_source, plan_splits
+    from sluice.stages.data.config import IngestConfig
+    from sluice.stages.data.ingest import open_source
+    from sluice.stages.data.split import plan_splits
     src = open_source("fashion-mnist")
     plan = plan_splits(src, IngestConfig(limit=limit))
     items = [(split, sp, i) for split, lst in plan.items() for sp, i in lst]
@@ -68,7 +70,7 @@ def raw_ffcv(imgs, labels, out: Path, workers: int) -> None:
 
 
 def sluice(out: Path, formats: list[str], workers: int, limit: int | None) -> None:
-    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     s = shard_dataset(IngestConfig(limit=limit), out, ShardConfig(formats=formats, workers=workers, progress=False))
     assert not s.reused

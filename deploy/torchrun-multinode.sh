@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train across machines with the same worker entry point Sluice uses on one machine.
-# Run this on every node, with the same JOB file (written by sluice.stages.train.launch or by hand: see
-# stages/launch.py) visible at the same path, e.g. on shared storage:
+# Run this on every node, with the same JOB file visible at the same path, e.g. on shared
+# storage: a TrainJob (sluice.stages.train.job) as JSON, written by sluice.stages.train.launch or
+# by hand; checkpoints, metrics and the result go beside it.
 #
 #   NNODES=2 NODE_RANK=0 RDZV=node0.example:29400 NPROC=8 deploy/torchrun-multinode.sh job.json   # on node 0
 #   NNODES=2 NODE_RANK=1 RDZV=node0.example:29400 NPROC=8 deploy/torchrun-multinode.sh job.json   # on node 1
@@ -19,4 +20,4 @@ exec "$PY" -m torch.distributed.run \
   --rdzv-backend c10d --rdzv-endpoint "$RDZV" --rdzv-id "sluice-${RDZV//[:.]/-}" \
   --rdzv-conf "join_timeout=${RDZV_TIMEOUT},read_timeout=${RDZV_TIMEOUT}" \
   --max-restarts "$MAX_RESTARTS" \
-  -m sluice.stages.train.loop --job "$JOB"
+  -m sluice.stages.train.worker --job "$JOB"

@@ -16,7 +16,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_shard(args: argparse.Namespace) -> int:
     from sluice.flows.config import load_config
-    from sluice.stages.data.shard import PrepareConfig, shard_dataset
+    from sluice.stages.data.config import PrepareConfig
+    from sluice.stages.data.shard import shard_dataset
     cfg = load_config(PrepareConfig, args.config, args.overrides + [f"ingest.source={args.source}"])
     if args.quiet:
         cfg.shard.progress = False
@@ -27,7 +28,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 def _pipeline_config(args: argparse.Namespace, base: dict | None = None):
     from sluice.flows.config import load_config
-    from sluice.flows.config_model import PipelineConfig
+    from sluice.flows.pipeline import PipelineConfig
     base = dict(base or {})
     if getattr(args, "data_root", None):
         base["data_root"] = args.data_root

@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.context import FlowRunContext  # noqa: E402
 
-from sluice.flows.config_model import PipelineConfig, dataset_info, training_job  # noqa: E402
+from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job  # noqa: E402
 from sluice.flows.report import data_uri, markdown_summary, svg_curves  # noqa: E402
 from sluice.storage.fingerprint import combine, hash_obj  # noqa: E402
 
@@ -37,7 +37,8 @@ def _shard_key(_ctx, params: dict[str, Any]) -> str | None:
     """Source content + config + output place; no key (no caching) when the source cannot be
     read, so the task itself runs and fails with its clear message."""
     from sluice.stages.data.ingest import open_source
-    from sluice.stages.data.shard import PrepareConfig, dataset_fingerprint
+    from sluice.stages.data.config import PrepareConfig
+    from sluice.stages.data.shard import dataset_fingerprint
     try:
         cfg = PrepareConfig.model_validate(params["prepare"])
         fp = dataset_fingerprint(open_source(cfg.ingest), cfg.ingest, cfg.shard)
@@ -56,7 +57,8 @@ def _il_key(_ctx, params: dict[str, Any]) -> str | None:
 @task(name="shard", cache_key_fn=_shard_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
 def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
-    from sluice.stages.data.shard import PrepareConfig, shard_dataset
+    from sluice.stages.data.config import PrepareConfig
+    from sluice.stages.data.shard import shard_dataset
     cfg = PrepareConfig.model_validate(prepare)
     s = shard_dataset(cfg.ingest, out, cfg.shard)
     get_run_logger().info("\n" + s.format())
@@ -88,13 +90,13 @@ def _task_runner(name: str):
 @task(name="irreducible-loss", cache_key_fn=_il_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
 def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str) -> dict[str, Any]:
-    from sluice.stages.load.loader import load_arrays
-    from sluice.stages.select.methods import SelectionConfig
+    from sluice.stages.load import split_arrays
+    from sluice.stages.select import SelectionConfig
     from sluice.stages.select.il_model import irreducible_loss_scores
     t0 = time.perf_counter()
     cfg = SelectionConfig.model_validate(selection)
-    hx, hy = load_arrays(root, "holdout")
-    tx, ty = load_arrays(root, "train")
+    hx, hy = split_arrays(root, "holdout")
+    tx, ty = split_arrays(root, "train")
     s = irreducible_loss_scores(cfg.il, hx, hy, tx, ty, fingerprint, scores_root)
     get_run_logger().info(f"irreducible loss {'reused' if s.extra.get('reused') else 'computed'}: {s.path}")
     return {"path": s.path, "wall_s": time.perf_counter() - t0,
@@ -138,7 +140,7 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
     log = get_run_logger()
     job = training_job(c, data, il["path"] if il else None)
     with _progress(Path(run_dir) / "metrics.jsonl", log):
-        result = launch(**job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
+        result = launch(job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
                         on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,

@@ -28,9 +28,36 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def installed_plugins(tmp_path_factory):
+    """``tests/plugins/sluice_test_plugins.py`` installed as a package with a dist-info that
+    declares entry points, on a path this process and every process it starts can import from
+    (PYTHONPATH): how a user's package extends Sluice for the torchrun workers."""
+    import importlib
+    import shutil
+    root = tmp_path_factory.mktemp("site")
+    shutil.copy(ROOT / "tests" / "plugins" / "sluice_test_plugins.py", root)
+    old_path, old_env = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path.insert(0, str(root))
+    src = importlib.import_module("sluice_test_plugins")
+    info = root / "sluice_test_plugins-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sluice-test-plugins\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {ref}\n" for name, ref in entries.items()) + "\n"
+        for group, entries in src.ENTRY_POINTS.items()))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), old_env) if p)
+    yield root
+    sys.path[:] = old_path
+    if old_env is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old_env
+
+
+@pytest.fixture(scope="session")
 def fmnist_artifact(tmp_path_factory):
     """A raw (npy) artifact of a 600+600 sample Fashion-MNIST slice, all formats, small shards."""
-    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     out = tmp_path_factory.mktemp("fmnist")
     summary = shard_dataset(IngestConfig(source="fashion-mnist", limit=600), out,

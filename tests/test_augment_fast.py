@@ -140,7 +140,7 @@ class _FakeIndex:
 def test_opencv_jpeg_decode_matches_pil():
     import io
     from PIL import Image
-    from sluice.stages.load.backends import _pixels
+    from sluice.stages.load.decode import pixels as _pixels
     rng = np.random.default_rng(0)
     smooth = _smooth(n=4, h=37, w=53).numpy()
     blobs = []
@@ -157,7 +157,7 @@ def test_opencv_jpeg_decode_matches_pil():
                 kw["exif"] = exif.tobytes()
             im.save(b, "JPEG", **kw)
             blobs.append(b.getvalue())
-    from sluice.stages.load.backends import _jpeg_components
+    from sluice.stages.load.decode import jpeg_components as _jpeg_components
     assert [_jpeg_components(b) for b in blobs[:4]] == [3, 3, 1, 4]  # OpenCV, OpenCV, OpenCV, PIL
     assert _jpeg_components(b"not a jpeg") is None
     si = _FakeIndex(blobs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.flows.config import ConfigError, load_config
-from sluice.flows.config_model import PipelineConfig
+from sluice.flows.pipeline import PipelineConfig
 
 
 def test_a_partial_section_changes_only_what_it_names(tmp_path):
@@ -48,10 +48,10 @@ def test_bad_fields_are_refused_with_their_path(overrides, path):
 
 
 def test_progressive_resizing_shapes_training_batches_but_never_evaluation():
-    from sluice.flows.config_model import training_job
+    from sluice.flows.pipeline import training_job
     c = PipelineConfig.model_validate({"loader": {"resolution": {"start": 16, "end": 28, "end_epoch": 4}}})
     data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f", "num_classes": 10,
             "channels": 1}
     job = training_job(c, data, il_path="scores.npy")
-    assert job["loader_spec"]["loader"]["resolution"]["start"] == 16
-    assert job["eval_spec"]["loader"]["resolution"] is None  # accuracy is measured at full size
+    assert job.data.loader.resolution.start == 16
+    assert job.eval_data.loader.resolution is None  # accuracy is measured at full size

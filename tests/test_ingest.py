@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from sluice.errors import SourceError
-from sluice.stages.data.ingest import IngestConfig, expand_braces, open_source, plan_splits
+from sluice.stages.data.config import IngestConfig
+from sluice.stages.data.ingest import open_source
+from sluice.stages.data.sources.webdataset import expand_braces
+from sluice.stages.data.split import plan_splits
 
 
 def _idx(path, arr: np.ndarray, code=0x08, gz=True, dims=None):

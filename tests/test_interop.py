@@ -6,7 +6,9 @@ import io
 
 import numpy as np
 
-from sluice.stages.data.ingest import IngestConfig, open_source, plan_splits
+from sluice.stages.data.config import IngestConfig
+from sluice.stages.data.ingest import open_source
+from sluice.stages.data.split import plan_splits
 from sluice.stages.data.shard import ShardConfig, shard_dataset
 from sluice.storage.artifact import open_artifact
 

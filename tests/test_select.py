@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from sluice.stages.select.methods import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
+from sluice.stages.select import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
                            build_selector, compute_irreducible_loss, inject_label_noise,
                            irreducible_loss_scores, select_top)
-from sluice.stages.precision import resolve_amp
+from sluice.stages.compute import resolve_amp
 from sluice.storage.scores import ScoresError, load_scores, save_scores
 
 C = 10  # classes
@@ -98,7 +98,7 @@ def test_label_noise_scoring_caps_mislabelled_reducible_loss():
     """Under a label-noise likelihood a confidently 'wrong' label costs at most -log(a/K), about
     what an IL model trained on noisy labels assigns it, so it stops winning rho_loss's top-k;
     the loss ranking itself is unchanged (loss / selective backprop pick the same samples)."""
-    from sluice.stages.select.methods import candidate_losses
+    from sluice.stages.select import candidate_losses
     x = torch.zeros(3, C)
     x[0, 1] = 20.0          # sample 0: label 0, the model is sure it is class 1 (CE ~ 20)
     x[1, 1] = 1.0           # sample 1: label 1, learnable and not yet learnt (CE ~ 1.5)
@@ -392,9 +392,10 @@ def test_plain_training_loop(method, tmp_path):
 
 
 def test_none_means_no_selector_and_helpers():
-    from sluice.stages.select.methods import candidate_size_for
+    from sluice.stages.select import candidate_size_for
     assert build_selector(SelectionConfig(method="none")) is None
-    assert candidate_size_for(SelectionConfig(ratio=0.2), 64) == 320
+    assert candidate_size_for(SelectionConfig(method="loss", ratio=0.2), 64) == 320
+    assert candidate_size_for(SelectionConfig(method="infobatch", ratio=0.2), 64) == 64  # prunes the batch
 
 
 # ---------------------------------------------------------------- InfoBatch

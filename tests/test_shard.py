@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, write_images
 from sluice.errors import TooManyBadSamples
-from sluice.stages.data.ingest import IngestConfig
+from sluice.stages.data.config import IngestConfig
 from sluice.stages.data.shard import ShardConfig, shard_dataset
 from sluice.storage.artifact import ArtifactError, open_artifact
 
@@ -124,7 +124,7 @@ def test_dali_index_matches_wds2idx(fmnist_artifact, tmp_path):
 
 KILL_SCRIPT = """
 import sys
-from sluice.stages.data.ingest import IngestConfig
+from sluice.stages.data.config import IngestConfig
 from sluice.stages.data.shard import ShardConfig, shard_dataset
 s = shard_dataset(IngestConfig(source="fashion-mnist", limit=int(sys.argv[2])), sys.argv[1],
                   ShardConfig(shard_samples=200, workers=1, progress=False))

@@ -64,7 +64,7 @@ def test_manifest_round_trip_and_verify(fmnist_artifact):
 def test_open_artifact_follows_latest(fmnist_artifact):
     """LATEST names the version the last run produced or found (other tests add versions)."""
     from pathlib import Path
-    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     dataset_root = Path(fmnist_artifact.root).parent
     shard_dataset(IngestConfig(source="fashion-mnist", limit=600), dataset_root,
@@ -95,7 +95,7 @@ def test_missing_artifact_is_a_clear_error(tmp_path):
 
 def test_shard_to_fsspec_url():
     """Any fsspec URL works as the output; memory:// stands in for s3:// in tests."""
-    from sluice.stages.data.ingest import IngestConfig
+    from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     s = shard_dataset(IngestConfig(source="fashion-mnist", limit=100), "memory://sluice-test/ds",
                       ShardConfig(formats=["webdataset", "dali"], progress=False, workers=1))

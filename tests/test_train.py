@@ -9,10 +9,13 @@ import torch
 from pydantic import ValidationError
 
 from sluice.stages.load.arrays import ArrayLoader, fashion_mnist
-from sluice.stages.precision import cpu_has_fast_bf16, resolve_amp
-from sluice.stages.train.loop import (NonFiniteLoss, SelectedBatch, TrainConfig, TrainResult, build_loader,
-                          lr_at, train)
-from sluice.storage.checkpoint import CheckpointMismatch, load_checkpoint
+from sluice.stages.compute import cpu_has_fast_bf16, resolve_amp
+from sluice.errors import CheckpointMismatch, ConfigError, NonFiniteLoss
+from sluice.stages.contracts import SelectedBatch
+from sluice.stages.load.specs import ArraysData
+from sluice.stages.train import TrainConfig, TrainResult, train
+from sluice.stages.train.schedule import lr_at
+from sluice.storage.checkpoint import load_checkpoint
 
 N = 512
 
@@ -72,14 +75,15 @@ def test_array_loader_resumes_at_exact_next_batch():
         ArrayLoader(x, y, 8, seed=1, world_size=2).load_state_dict(state)
 
 
-def test_loader_spec_registry(tmp_path, fmnist):
+def test_typed_data_spec_builds_a_rank_slice_and_refuses_unknown_kinds(tmp_path, fmnist):
+    from sluice.stages.train.launch import make_job
     x, y, *_ = fmnist
     np.savez(tmp_path / "a.npz", images=x[:100], labels=y[:100])
-    ld = build_loader({"kind": "arrays", "path": str(tmp_path / "a.npz")}, batch_size=10,
-                      rank=1, world_size=2)
+    ld = ArraysData(path=str(tmp_path / "a.npz")).build(batch_size=10, rank=1, world_size=2,
+                                                          seed=0, train=True)
     assert len(ld) == 5
-    with pytest.raises(Exception, match="unknown loader kind"):
-        build_loader({"kind": "nope"})
+    with pytest.raises(ConfigError, match="data"):  # a typo fails before anything is launched
+        make_job(cfg(), {"kind": "nope", "path": "x"})
 
 
 # ---- config ---------------------------------------------------------------------------------
@@ -171,7 +175,7 @@ def test_resume_after_halt_equals_uninterrupted(tmp_path, fmnist):
 def test_resume_keeps_the_selectors_loss_table(tmp_path, fmnist, method):
     """Halting mid-run and resuming trains exactly as the uninterrupted run: the selector's
     state (InfoBatch's losses, importance estimates, RNG) travels in the checkpoint."""
-    from sluice.stages.select.methods import SelectionConfig, build_selector
+    from sluice.stages.select import SelectionConfig, build_selector
 
     def sel():
         extra = {"n_select": 16, "importance_draw": "candidates"} if method == "importance" else {}
@@ -227,7 +231,7 @@ def test_selector_trains_on_selected_batch_and_reports(fmnist):
 def test_importance_sampling_in_the_training_stage_redraws_from_uniform_candidates(fmnist):
     """The pipeline's importance mode (what training_job asks for): the loader's shuffled batch
     of 32 are candidates; 16 are redrawn by loss-proportional p with weights 1/(n_B q)."""
-    from sluice.stages.select.methods import SelectionConfig, build_selector
+    from sluice.stages.select import SelectionConfig, build_selector
     tr, ev = loaders(fmnist)
     sel = build_selector(SelectionConfig(method="importance", n_select=16, smoothing=0.5,
                                          importance_draw="candidates"),
@@ -241,7 +245,7 @@ def test_importance_sampling_in_the_training_stage_redraws_from_uniform_candidat
 def test_infobatch_in_the_training_stage_prunes_then_anneals(fmnist):
     """Pruning starts once the first epoch's losses are known (16 steps of 32 on 512 samples),
     every pruned step trains fewer samples, and the last quarter (anneal) trains every one."""
-    from sluice.stages.select.methods import SelectionConfig, build_selector
+    from sluice.stages.select import SelectionConfig, build_selector
     tr, ev = loaders(fmnist)
     sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, anneal=0.75),
                          candidate_size=32, split_size=len(fmnist[1]))
@@ -287,8 +291,8 @@ def test_cuda_mixed_precision_trains(tmp_path, fmnist, amp):
         assert load_checkpoint(r.checkpoint)["scaler"]  # GradScaler state is checkpointed
 
 
-@pytest.mark.parametrize("model", ["resnet_small", "sluice.stages.models:ResNetSmall"])
-def test_resnet_and_user_factory_models_on_32px_rgb(model):
+@pytest.mark.parametrize("model", ["resnet_small", "small_cnn"])
+def test_resnet_and_small_cnn_on_32px_rgb(model):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
     y = rng.integers(0, 10, 64)

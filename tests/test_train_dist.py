@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from sluice.stages.load.arrays import fashion_mnist
-from sluice.stages.train.launch import RendezvousError, free_port, launch
-from sluice.stages.train.loop import TrainError, TrainResult
+from sluice.errors import RendezvousError, TrainError
+from sluice.stages.train import TrainResult
+from sluice.stages.train.launch import free_port, launch, make_job
 from sluice.storage.checkpoint import load_checkpoint
 
 QUIET = {"on_line": lambda line: None, "timeout_s": 240}
@@ -40,7 +41,7 @@ def cfg(**kw) -> dict:
 def test_two_ranks_every_comm_mode_trains_and_keeps_ranks_identical(tmp_path, data, mode):
     # tiny buckets: several DDP buckets per step, where torch's own powerSGD_hook breaks on gloo
     comm = {"mode": mode, "start_iter": 4, "powersgd_rank": 1, "bucket_cap_mb": 0.005}
-    r = launch(cfg(comm=comm), *data, nproc=2, out_dir=tmp_path, **QUIET)
+    r = launch(make_job(cfg(comm=comm), *data), nproc=2, out_dir=tmp_path, **QUIET)
     assert isinstance(r, TrainResult) and r.steps == 24 and r.final_acc is not None
     digests = r.summary["param_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]  # identical weights on both ranks
@@ -59,12 +60,12 @@ def test_two_ranks_every_comm_mode_trains_and_keeps_ranks_identical(tmp_path, da
 def test_resume_after_stop_matches_uninterrupted_run_powersgd(tmp_path, data):
     c = cfg(comm={"mode": "powersgd", "start_iter": 3, "powersgd_rank": 2},
             checkpoint_every_steps=5)
-    full = launch(c, *data, nproc=2, out_dir=tmp_path / "full", **QUIET)
-    half = launch({**c, "halt_at_step": 13}, *data, nproc=2, out_dir=tmp_path / "b", **QUIET)
+    full = launch(make_job(c, *data), nproc=2, out_dir=tmp_path / "full", **QUIET)
+    half = launch(make_job({**c, "halt_at_step": 13}, *data), nproc=2, out_dir=tmp_path / "b", **QUIET)
     assert half.halted and half.steps == 13
     state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
     assert state["comm"]["errors"] and state["comm"]["qs"]  # hook state saved as plain tensors
-    rest = launch(c, *data, nproc=2, out_dir=tmp_path / "b", **QUIET)
+    rest = launch(make_job(c, *data), nproc=2, out_dir=tmp_path / "b", **QUIET)
     assert rest.resumed_from == 13 and rest.steps == 24
     a = load_checkpoint(full.checkpoint)["model"]
     b = load_checkpoint(rest.checkpoint)["model"]
@@ -72,7 +73,7 @@ def test_resume_after_stop_matches_uninterrupted_run_powersgd(tmp_path, data):
     assert full.summary["param_digests"] == rest.summary["param_digests"]
     # an incompatible config on the same checkpoint directory is refused with a message
     with pytest.raises(TrainError, match="incompatible"):
-        launch({**c, "lr": 0.2}, *data, nproc=2, out_dir=tmp_path / "b", **QUIET)
+        launch(make_job({**c, "lr": 0.2}, *data), nproc=2, out_dir=tmp_path / "b", **QUIET)
 
 
 def test_kill_minus_9_one_rank_restarts_from_checkpoint_and_finishes(tmp_path, data):
@@ -82,7 +83,7 @@ def test_kill_minus_9_one_rank_restarts_from_checkpoint_and_finishes(tmp_path, d
 
     def run() -> None:
         try:
-            box["result"] = launch(c, train_spec, data[1], nproc=2, out_dir=tmp_path,
+            box["result"] = launch(make_job(c, train_spec, data[1]), nproc=2, out_dir=tmp_path,
                                    max_restarts=2, **QUIET)
         except Exception as e:  # surfaced below
             box["error"] = e
@@ -107,7 +108,7 @@ def test_unreachable_rendezvous_fails_fast_naming_the_address(tmp_path, data):
     port = free_port()  # nothing listens here
     start = time.monotonic()
     with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}"):
-        launch(cfg(), *data, nproc=1, nnodes=2, node_rank=1, out_dir=tmp_path,
+        launch(make_job(cfg(), *data), nproc=1, nnodes=2, node_rank=1, out_dir=tmp_path,
                rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=2, **QUIET)
     assert time.monotonic() - start < 30
 
@@ -115,7 +116,7 @@ def test_unreachable_rendezvous_fails_fast_naming_the_address(tmp_path, data):
 def test_rendezvous_host_gives_up_when_a_node_never_joins(tmp_path, data):
     endpoint = f"127.0.0.1:{free_port()}"
     with pytest.raises(RendezvousError, match=endpoint):
-        launch(cfg(max_steps=2), *data, nproc=1, nnodes=2, node_rank=0, out_dir=tmp_path,
+        launch(make_job(cfg(max_steps=2), *data), nproc=1, nnodes=2, node_rank=0, out_dir=tmp_path,
                rdzv_endpoint=endpoint, rdzv_timeout_s=3, **QUIET)
 
 
@@ -123,16 +124,19 @@ def test_launch_timeout_stops_the_job(tmp_path, data):
     slow = {**data[0], "delay_s": 0.2}
     start = time.monotonic()
     with pytest.raises(Exception, match="timeout_s"):
-        launch(cfg(max_steps=500), slow, nproc=2, out_dir=tmp_path, on_line=lambda s: None,
+        launch(make_job(cfg(max_steps=500), slow), nproc=2, out_dir=tmp_path, on_line=lambda s: None,
                timeout_s=8)
     assert time.monotonic() - start < 40
 
 
-def test_nan_under_torchrun_fails_clearly_without_restart_loop(tmp_path, data):
-    sel = {"factory": "tests.test_train:FixedCountSelector", "kwargs": {"k": 16, "nan_after": 7}}
+def test_nan_under_torchrun_fails_clearly_without_restart_loop(tmp_path, data, installed_plugins):
+    """A selection method from a package outside Sluice, reached by its entry-point name in the
+    workers; its NaN weights stop the run once, clearly, with no restart loop."""
+    sel = {"config": {"method": "fixed_count", "n_select": 16, "options": {"nan_after": 7}},
+           "candidate_size": 32, "split_size": 2048}
     with pytest.raises(TrainError, match="NonFiniteLoss.*step 8.*last good checkpoint"):
-        launch(cfg(checkpoint_every_steps=3), *data, nproc=2, out_dir=tmp_path, selector=sel,
-               max_restarts=1, **QUIET)
+        launch(make_job(cfg(checkpoint_every_steps=3), *data, selection=sel), nproc=2,
+               out_dir=tmp_path, max_restarts=1, **QUIET)
     assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["step"] == 6
     log = (tmp_path / "torchrun.log").read_text()
     assert log.count("NonFiniteLoss") >= 1

@@ -8,13 +8,39 @@ from __future__ import annotations
 
 import io
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
 from sluice.errors import SampleError
-from sluice.stages.data.ingest import RawSample
+from sluice.stages.data.config import ShardConfig
+from sluice.stages.data.sources.base import RawSample, Source
 
 NPY_HEADERS: dict[tuple[int, ...], bytes] = {}
+
+
+@dataclass
+class ShardJob:
+    """What every shard worker needs: the open source and how to encode its samples. Forked
+    pool workers inherit it (``procs.map_forked``) instead of re-reading the source."""
+    source: Source
+    config: ShardConfig
+    num_classes: int | None
+
+    def prepare(self, s: RawSample) -> tuple[np.ndarray, int]:
+        """Validated HWC uint8 pixels and the integer label, or SampleError saying why not."""
+        label = to_label(s.label, self.num_classes)
+        return decode_pixels(s, self.config.channels, self.config.image_size), label
+
+    def members(self, s: RawSample, pixels: np.ndarray, label: int, index: int) -> list[tuple[str, bytes]]:
+        """The tar members of one sample: its image (passed through unchanged when the source
+        already holds it in the wanted encoding), its label and its split index."""
+        cfg = self.config
+        passthrough = (s.encoded is not None and s.encoded_ext == cfg.encoding and cfg.encoding != "npy"
+                       and cfg.image_size is None and cfg.channels is None)
+        img = s.encoded if passthrough else encode_image(pixels, cfg.encoding, cfg.jpeg_quality, cfg.png_level)
+        return [(cfg.encoding, img), ("cls", str(label).encode()),
+                ("idx", int(index).to_bytes(8, "little", signed=True))]
 
 
 def to_label(value: object, num_classes: int | None) -> int:

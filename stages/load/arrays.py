@@ -1,20 +1,25 @@
-"""An in-memory loader over numpy arrays that honours the train loop's loader contract.
+"""An in-memory loader over numpy arrays that honours the training loop's loader contract.
 
-Used by tests, benchmarks and notebooks (and as the reference for ``sluice.stages.load.loader``): each
-epoch is one seeded permutation (same on every rank), split into disjoint per-rank shards of
-equal length, so DDP ranks always run the same number of steps. With ``drop_last=False`` the
-permutation is padded by wrapping around (like ``DistributedSampler``) so nothing is dropped;
-with ``even=False`` (evaluation) shards are ``perm[rank::world]`` without padding.
-``state_dict()`` is (epoch, batches served), which resumes at the exact next batch.
+Used by tests, benchmarks and notebooks: each epoch's order comes from the same samplers the
+artifact ``Loader`` uses (a seeded permutation, the same on every rank, or the natural order),
+split into disjoint per-rank shards by the same ``partition``, so DDP ranks always run the same
+number of steps. With ``drop_last=False`` the order is padded by repeating its first indices
+(like ``DistributedSampler``) so nothing is dropped; with ``even=False`` (evaluation) shards are
+``order[rank::world]`` without padding. ``state_dict()`` is (epoch, batches served), which
+resumes at the exact next batch.
 """
 from __future__ import annotations
 
-import math
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from sluice.errors import LoaderError
+from sluice.stages.data.sources.idx import read_idx
+from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler, partition
 
 
 class ArrayLoader:
@@ -26,53 +31,46 @@ class ArrayLoader:
         if images.ndim == 3:  # N H W -> N H W 1
             images = images[..., None]
         if images.ndim != 4:
-            raise ValueError(f"images must be NHWC (or NHW), got shape {images.shape}")
+            raise LoaderError(f"images must be NHWC (or NHW), got shape {images.shape}")
         if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+            raise LoaderError(f"{len(images)} images but {len(labels)} labels")
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise LoaderError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world of size {world_size}")
+            raise LoaderError(f"rank {rank} outside world of size {world_size}")
         # NCHW once, so batches are cheap slices
         self.images = torch.from_numpy(np.array(images.transpose(0, 3, 1, 2), order="C"))
         self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-        self.batch_size = batch_size
-        self.shuffle, self.seed = shuffle, seed
+        n = len(self.labels)
+        self.sampler = ShuffleSampler(n, seed) if shuffle else SequentialSampler(n)
+        self.batch_size, self.seed = batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.drop_last, self.even = drop_last, even
         self.delay_s = delay_s  # simulated storage latency per batch (stall measurements)
         self.epoch = 0
         self.position = 0  # batches already served in this epoch
         if len(self) == 0:
-            raise ValueError(f"{len(images)} samples give no batch of {batch_size} per rank "
-                             f"with {world_size} ranks")
+            raise LoaderError(f"{n} samples give no batch of {batch_size} per rank with "
+                              f"{world_size} ranks")
 
     def _shard(self) -> np.ndarray:
-        n = len(self.labels)
-        if self.shuffle:
-            perm = np.random.default_rng([self.seed, self.epoch]).permutation(n)
-        else:
-            perm = np.arange(n)
+        order = self.sampler.epoch_order(self.epoch)
         if not self.even:
-            return perm[self.rank::self.world_size]
-        per_rank = n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
-        if self.drop_last:
-            per_rank = per_rank // self.batch_size * self.batch_size
-        total = per_rank * self.world_size
-        if total > n:
-            perm = np.concatenate([perm, np.resize(perm, total - n)])
-        return perm[:total][self.rank::self.world_size]
+            return order[self.rank::self.world_size]
+        shard = partition(order, self.rank, self.world_size, "drop" if self.drop_last else "pad")
+        return shard[: self._per_rank()]
 
     def _per_rank(self) -> int:
-        n = len(self.labels)
+        n, w = len(self.labels), self.world_size
         if not self.even:
-            return len(range(self.rank, n, self.world_size))
-        per = n // self.world_size if self.drop_last else math.ceil(n / self.world_size)
-        return per // self.batch_size * self.batch_size if self.drop_last else per
+            return len(range(self.rank, n, w))
+        if self.drop_last:
+            return n // w // self.batch_size * self.batch_size
+        return -(-n // w)
 
     def __len__(self) -> int:
         per = self._per_rank()
-        return per // self.batch_size if self.drop_last else math.ceil(per / self.batch_size)
+        return per // self.batch_size if self.drop_last else -(-per // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first batch (a new permutation)."""
@@ -96,29 +94,29 @@ class ArrayLoader:
         """Resume at the exact next batch; refuses a state from another sharding."""
         for k in ("seed", "world_size"):
             if k in state and state[k] != getattr(self, k):
-                raise ValueError(f"loader state has {k}={state[k]}, this loader {getattr(self, k)}")
+                raise LoaderError(f"loader state has {k}={state[k]}, this loader {getattr(self, k)}")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def load_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """``images``/``labels`` from an ``.npz`` (or ``fashion-mnist:train|test``)."""
+def named_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """``images``/``labels`` from an ``.npz`` (no pickles), or ``fashion-mnist:train|test``."""
     if path.startswith("fashion-mnist:"):
         return fashion_mnist(path.split(":", 1)[1])
-    with np.load(path) as z:
-        if "images" not in z or "labels" not in z:
-            raise ValueError(f"{path} must hold arrays 'images' and 'labels', has {list(z)}")
-        return z["images"], z["labels"]
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "images" not in z or "labels" not in z:
+                raise LoaderError(f"{path} must hold arrays 'images' and 'labels', has {list(z)}")
+            return z["images"], z["labels"]
+    except (OSError, ValueError) as e:
+        raise LoaderError(f"cannot read arrays from {path}: {e}") from None
 
 
 def fashion_mnist(split: str = "train",
                   root: str = "/usr/share/datasets/fashion-mnist") -> tuple[np.ndarray, np.ndarray]:
     """Fashion-MNIST from its gz IDX files: uint8 (N, 28, 28) and int64 labels."""
-    from pathlib import Path
-
-    from sluice.stages.data.ingest import read_idx
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
-        raise ValueError(f"fashion-mnist split must be 'train' or 'test', got {split!r}")
+        raise LoaderError(f"fashion-mnist split must be 'train' or 'test', got {split!r}")
     r = Path(root)
     return (read_idx(r / f"{prefix}-images-idx3-ubyte.gz"),
             read_idx(r / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))

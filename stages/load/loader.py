@@ -1,7 +1,7 @@
 """One loader over FFCV, DALI, WebDataset or RAM, with samplers, device-side augmentation,
 prefetching and exact mid-epoch resume.
 
-    from sluice.stages.load.loader import Loader
+    from sluice.stages.load import Loader
     loader = Loader("sluice-data/fashion-mnist", split="train", batch_size=256, backend="ffcv",
                     augment=AugmentSpec.standard())
     for epoch in range(epochs):
@@ -18,45 +18,19 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Iterator, Literal, NamedTuple
+from typing import Any, Iterator
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.stages.load.augment import AugmentSpec, TorchAugment
-from sluice.stages.load.backends import Timings
-from sluice.stages.load.samplers import ResolutionSchedule, Sampler, SamplerConfig, build_sampler, partition
+from sluice.errors import ArtifactError, LoaderError
+from sluice.stages.contracts import Batch, Sampler
+from sluice.stages.load.augment import TorchAugment, batch_seed
+from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
+from sluice.stages.load.backends.memory import MemoryBackend, available_memory
+from sluice.stages.load.config import LoaderConfig
+from sluice.stages.load.samplers import build_sampler, partition
 from sluice.storage.artifact import DatasetArtifact, open_artifact
-from sluice.storage.manifest import ArtifactError
-
-Backend = Literal["auto", "memory", "ffcv", "dali", "webdataset"]
-
-
-class Batch(NamedTuple):
-    images: torch.Tensor   # float32 NCHW (augmented, normalised) on the loader's device
-    labels: torch.Tensor   # int64
-    indices: torch.Tensor  # int64: each sample's stable index within the split
-
-
-class LoaderConfig(BaseModel):
-    """Everything that shapes what the loader yields; the same shape in YAML, Prefect and Python."""
-    model_config = ConfigDict(extra="forbid")
-    split: str = "train"
-    backend: Backend = "auto"
-    batch_size: int = Field(256, ge=1)
-    drop_last: bool = False
-    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
-    augment: AugmentSpec | None = None
-    resolution: ResolutionSchedule | None = None
-    device: str = "cpu"
-    workers: int | None = Field(None, ge=0, description="decode workers; default: the machine's cores")
-    prefetch: int = Field(3, ge=0, description="batches prepared ahead in a background thread")
-    verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")
-    streaming: bool = Field(False, description="webdataset only: plain streaming with shard shuffle (inexact order)")
-    shuffle_buffer: int = 1000
-    memory_budget_bytes: int | None = None
-    seed: int = 0
 
 
 def _resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: int | None) -> str:
@@ -65,10 +39,9 @@ def _resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: i
     shape = artifact.manifest.fields.image.shape
     n = artifact.manifest.split(split).count
     if shape is not None:
-        from sluice.stages.load.backends import _available_memory
         need = n * int(np.prod(shape))
-        if need <= (budget if budget is not None else _available_memory() // 4):
-            return "memory"
+        if need <= (budget if budget is not None else available_memory() // 4):
+            return MemoryBackend.name
     return "ffcv" if artifact.manifest.split(split).ffcv else "webdataset"
 
 
@@ -104,9 +77,9 @@ class Loader:
         self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
         self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores)
         if len(self.sampler) == 0:
-            raise ValueError("the sampler yields no samples")
+            raise LoaderError("the sampler yields no samples")
         self.backend_name = _resolve_backend(cfg.backend, self.artifact, cfg.split, cfg.memory_budget_bytes)
-        self._backend = None
+        self._backend: Backend | None = None
         # On CPU batches a leading RRC(+flip) runs in OpenCV over `workers` threads (same draws as
         # the torch path); CUDA batches take the torch path on the device.
         self.augment = TorchAugment(cfg.augment, cfg.seed, fast_cpu=True, threads=max(1, self.workers))
@@ -134,11 +107,11 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("fingerprint") != self.artifact.fingerprint:
-            raise ValueError("loader state belongs to another dataset version "
+            raise LoaderError("loader state belongs to another dataset version "
                              f"({str(state.get('fingerprint'))[:16]} vs {self.artifact.fingerprint[:16]})")
         for k in ("split", "batch_size", "world_size"):
             if state.get(k) != self.state_dict()[k]:
-                raise ValueError(f"loader state has {k}={state.get(k)!r}, this loader {self.state_dict()[k]!r}")
+                raise LoaderError(f"loader state has {k}={state.get(k)!r}, this loader {self.state_dict()[k]!r}")
         self.epoch, self._next_batch = int(state["epoch"]), int(state["next_batch"])
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
@@ -178,35 +151,24 @@ class Loader:
         if shape is not None:
             for w in wanted:
                 if w > max(shape[0], shape[1]):
-                    raise ValueError(f"requested resolution {w} is above the stored {shape[0]}×{shape[1]}; "
-                                     "re-shard at a higher resolution")
+                    raise LoaderError(f"requested resolution {w} is above the stored {shape[0]}×{shape[1]}; "
+                                      "re-shard at a higher resolution")
 
-    def backend(self):
+    def backend(self) -> Backend:
+        """The backend, opened on first use (in the caller's thread: backends fork workers)."""
         if self._backend is None:
-            cfg, art, split, w = self.config, self.artifact, self.config.split, self.workers
-            if self.backend_name == "memory":
-                from sluice.stages.load.backends import MemoryBackend
-                self._backend = MemoryBackend(art, split, w, cfg.memory_budget_bytes)
-            elif self.backend_name == "ffcv":
-                from sluice.stages.load.backends import FfcvBackend
-                self._backend = FfcvBackend(art, split, max(1, w), cfg.batch_size)
-            elif self.backend_name == "webdataset":
-                from sluice.stages.load.backends import WebDatasetBackend
-                self._backend = WebDatasetBackend(art, split, w, cfg.streaming, cfg.shuffle_buffer, cfg.seed)
-            elif self.backend_name == "dali":
-                from sluice.stages.load.dali import DaliBackend
-                self._backend = DaliBackend(art, split, cfg.augment, self.device, max(1, w), cfg.seed)
-            else:
-                raise ValueError(f"unknown backend {self.backend_name!r}")
+            cls = LOADER_BACKENDS.get(self.backend_name)
+            self._backend = cls.open(self.artifact, self.config.split, self.config, self.device,
+                                     self.workers)
         return self._backend
 
     def _batches(self, order: np.ndarray, epoch: int, start: int) -> Iterator[Batch]:
         be = self.backend()
         cfg = self.config
         res = self.resolution(epoch)
-        if getattr(be, "augments", False):  # DALI: augmentation and transfer happen inside
+        if be.augments:  # DALI: augmentation and transfer happen inside, with the same draws
             yield from (Batch(*b) for b in be.epoch(order, cfg.batch_size, cfg.drop_last, start,
-                                                   resolution=res, epoch_seed=cfg.seed + epoch))
+                                                   resolution=res, epoch=epoch))
             return
         pin = self.device.type == "cuda"
         b = start
@@ -221,8 +183,9 @@ class Loader:
                 i = i.to(self.device, non_blocking=True)
             t1 = time.perf_counter()
             self.timings.add("transfer", t1 - t)
-            # Seeded per (epoch, batch): a resumed run augments its batches exactly as before.
-            self.augment.reseed(hash((cfg.seed, epoch, b)) & 0x7FFFFFFF)
+            # Seeded per (epoch, batch), as on every backend: a resumed run augments its
+            # batches exactly as before.
+            self.augment.reseed(batch_seed(cfg.seed, epoch, b))
             x = self.augment(x, res)
             self.timings.add("augment", time.perf_counter() - t1)
             b += 1
@@ -235,7 +198,7 @@ class Loader:
         external source) prefetch on their own and run in the caller's thread: forking from a
         thread can deadlock the child on locks another thread held.
         """
-        if self.config.prefetch == 0 or getattr(self.backend(), "forks_per_epoch", False):
+        if self.config.prefetch == 0 or self.backend().forks_per_epoch:
             yield from self._timed(self._batches(order, epoch, start))
             return
         q: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
@@ -305,34 +268,9 @@ class Loader:
         return "\n".join(lines)
 
 
-def load_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:
+def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:
     """The whole split as (uint8 NHWC images, int64 labels), index-aligned: for scorers such as
     the irreducible-loss model that want every sample at once."""
-    from sluice.stages.load.backends import MemoryBackend
     art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
     be = MemoryBackend(art, split, os.cpu_count() or 1)
     return be.images, be.labels
-
-
-def _register_with_train_stage() -> None:
-    """Make ``{"kind": "artifact", "root": ..., "loader": {...LoaderConfig}}`` a loader spec the
-    training stage can build inside each torchrun worker."""
-    try:
-        from sluice.stages.train.loop import register_loader
-    except ImportError:  # the training stage is optional for loader users
-        return
-
-    @register_loader("artifact")
-    def _artifact_loader(spec: dict[str, Any], *, rank: int, world_size: int, batch_size: int, seed: int,
-                         train: bool) -> Loader:
-        unknown = set(spec) - {"kind", "root", "loader", "scores"}
-        if unknown:
-            raise ValueError(f"artifact loader spec has unknown keys {sorted(unknown)}")
-        cfg = LoaderConfig.model_validate(spec.get("loader", {}))
-        if "batch_size" not in spec.get("loader", {}):
-            cfg = cfg.model_copy(update={"batch_size": batch_size})
-        scores = np.load(spec["scores"], allow_pickle=False) if spec.get("scores") else None
-        return Loader(spec["root"], cfg, rank=rank, world_size=world_size, scores=scores)
-
-
-_register_with_train_stage()

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from sluice.storage.artifact import DatasetArtifact
-from sluice.storage.manifest import ArtifactError
+from sluice.errors import ArtifactError
 
 
 class SampleIndex:

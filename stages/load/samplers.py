@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Literal, Protocol
+from typing import Callable, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-class Sampler(Protocol):
-    def __len__(self) -> int: ...
-    def epoch_order(self, epoch: int) -> np.ndarray: ...
+from sluice.errors import LoaderError
+from sluice.stages.contracts import Sampler
 
 
 def partition(order: np.ndarray, rank: int, world_size: int, mode: Literal["pad", "drop"] = "pad") -> np.ndarray:
     """This rank's strided slice of the epoch, equal in length on every rank."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world size {world_size}")
+        raise LoaderError(f"rank {rank} is outside world size {world_size}")
     n = len(order)
     if mode == "pad":
         total = math.ceil(n / world_size) * world_size
@@ -71,13 +69,13 @@ class WeightedSampler:
     def __init__(self, weights: np.ndarray, replacement: bool = True, num_samples: int | None = None, seed: int = 0):
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 1 or len(w) == 0:
-            raise ValueError(f"weights must be a non-empty 1-D array, got shape {w.shape}")
+            raise LoaderError(f"weights must be a non-empty 1-D array, got shape {w.shape}")
         if not np.isfinite(w).all() or (w < 0).any():
-            raise ValueError("weights must be finite and non-negative")
+            raise LoaderError("weights must be finite and non-negative")
         if w.sum() <= 0:
-            raise ValueError("weights sum to zero")
+            raise LoaderError("weights sum to zero")
         if not replacement and num_samples not in (None, len(w)):
-            raise ValueError("without replacement an epoch holds every sample once: leave num_samples unset")
+            raise LoaderError("without replacement an epoch holds every sample once: leave num_samples unset")
         self.weights, self.replacement, self.seed = w, replacement, seed
         self.num_samples = num_samples or len(w)
 
@@ -87,7 +85,7 @@ class WeightedSampler:
     def set_weights(self, weights: np.ndarray) -> None:
         """Importance sampling updates the weights between epochs."""
         if len(weights) != len(self.weights):
-            raise ValueError(f"{len(weights)} weights for a split of {len(self.weights)} samples")
+            raise LoaderError(f"{len(weights)} weights for a split of {len(self.weights)} samples")
         self.weights = np.asarray(weights, dtype=np.float64)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -121,7 +119,7 @@ def pacing_fraction(kind: str, step: int, total_steps: int, start: float, growth
         n_steps = max(1, math.ceil(math.log(1 / start, growth)))
         f = start * growth ** math.floor(t * n_steps)
     else:
-        raise ValueError(f"unknown pacing {kind!r}; use one of {PACINGS}")
+        raise LoaderError(f"unknown pacing {kind!r}; use one of {PACINGS}")
     return min(1.0, f)
 
 
@@ -138,13 +136,13 @@ class CurriculumSampler:
                  anti: bool = False, seed: int = 0):
         d = np.asarray(difficulty() if callable(difficulty) else difficulty, dtype=np.float64)
         if d.ndim != 1 or not len(d):
-            raise ValueError(f"difficulty must be a non-empty 1-D array, got shape {d.shape}")
+            raise LoaderError(f"difficulty must be a non-empty 1-D array, got shape {d.shape}")
         if not np.isfinite(d).all():
-            raise ValueError("difficulty scores contain NaN or inf")
+            raise LoaderError("difficulty scores contain NaN or inf")
         if pacing not in PACINGS:
-            raise ValueError(f"unknown pacing {pacing!r}; use one of {PACINGS}")
+            raise LoaderError(f"unknown pacing {pacing!r}; use one of {PACINGS}")
         if not 0 < start_fraction <= 1:
-            raise ValueError("start_fraction must be in (0, 1]")
+            raise LoaderError("start_fraction must be in (0, 1]")
         self.rank_order = np.argsort(-d if anti else d, kind="stable").astype(np.int64)
         self.n, self.batch_size, self.ramp_steps = len(d), batch_size, ramp_steps
         self.pacing, self.start, self.growth, self.seed = pacing, start_fraction, growth, seed
@@ -220,25 +218,25 @@ class SamplerConfig(BaseModel):
 
 def load_scores(path: str, n: int, what: str) -> np.ndarray:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{what} file not found: {path}")
+        raise LoaderError(f"{what} file not found: {path}")
     arr = np.load(path, allow_pickle=False)
     if arr.ndim != 1 or len(arr) != n:
-        raise ValueError(f"{what} in {path} has shape {arr.shape}; the split has {n} samples")
+        raise LoaderError(f"{what} in {path} has shape {arr.shape}; the split has {n} samples")
     return arr
 
 
 def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndarray | None = None) -> Sampler:
     """The sampler for a split of ``n`` samples; ``scores`` overrides ``cfg.scores``."""
     if n == 0:
-        raise ValueError("the split is empty: nothing to sample")
+        raise LoaderError("the split is empty: nothing to sample")
     if cfg.kind in ("weighted", "curriculum"):
         if scores is None:
             if not cfg.scores:
-                raise ValueError(f"the {cfg.kind} sampler needs per-sample scores (sampler.scores or an array)")
+                raise LoaderError(f"the {cfg.kind} sampler needs per-sample scores (sampler.scores or an array)")
             scores = load_scores(cfg.scores, n, "scores")
         scores = np.asarray(scores)
         if scores.ndim != 1 or len(scores) != n:
-            raise ValueError(f"scores have shape {scores.shape}; the split has {n} samples")
+            raise LoaderError(f"scores have shape {scores.shape}; the split has {n} samples")
     if cfg.kind == "sequential":
         return SequentialSampler(n)
     if cfg.kind == "shuffle":

@@ -10,46 +10,20 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from sluice.errors import SelectionError
+from sluice.errors import ConfigError, SelectionError
+from sluice.stages.compute import (autocast, build_optimizer, channel_values, normalize_uint8,
+                                   resolve_amp)
 from sluice.stages.models import build_model
-from sluice.stages.precision import resolve_amp
+from sluice.stages.select.config import ILModelConfig
 from sluice.storage.scores import Scores, find_scores, save_scores
 
 IL_KIND = "irreducible_loss"
-
-
-class ILModelConfig(BaseModel):
-    """How the irreducible-loss model is built and trained; part of the scores' key."""
-    model_config = ConfigDict(extra="forbid")
-
-    architecture: str = Field("small_cnn", description="sluice.stages.models name or 'pkg.mod:factory'")
-    model_kwargs: dict[str, int | float | str | bool] = Field(default_factory=dict)
-    epochs: int = Field(10, ge=1)
-    lr: float = Field(2e-3, gt=0)
-    batch_size: int = Field(128, ge=1)
-    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
-    weight_decay: float = Field(0.01, ge=0)
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD only")
-    seed: int = 0
-    mean: list[float] = Field(default_factory=lambda: [0.2860],
-                              description="per-channel mean for uint8 images (after /255)")
-    std: list[float] = Field(default_factory=lambda: [0.3530])
-    amp: Literal["auto", "none", "bf16"] = Field(
-        "auto", description="bf16 autocast for training and scoring; 'auto' = bf16 only where the "
-                            "device computes it natively (~3x on CPUs with AVX512-bf16/AMX, ~10x "
-                            "slower without), else fp32. Keyed as resolved.")
-    flip: bool = Field(True, description="random horizontal flips while training (a better IL "
-                                         "model from a small holdout); off for non-mirrorable data")
-    score_batch_size: int = Field(1024, ge=1, description="batch size when scoring; not keyed")
-    progress: bool = Field(True, description="a progress bar while the IL model trains; not keyed")
 
 
 def _key(config: ILModelConfig) -> dict:
@@ -71,15 +45,14 @@ def to_float_images(images: np.ndarray | torch.Tensor, config: ILModelConfig) ->
         x = x.permute(0, 3, 1, 2)
     if x.ndim != 4:
         raise SelectionError(f"images must be (N,H,W), (N,C,H,W) or (N,H,W,C); got {tuple(x.shape)}")
-    if x.dtype == torch.uint8:
-        c = x.shape[1]
-        mean = torch.tensor(config.mean * (c if len(config.mean) == 1 else 1)).view(1, -1, 1, 1)
-        std = torch.tensor(config.std * (c if len(config.std) == 1 else 1)).view(1, -1, 1, 1)
-        if mean.shape[1] != c or std.shape[1] != c:
-            raise SelectionError(f"IL config mean/std have {len(config.mean)}/{len(config.std)} "
-                                 f"values for {c}-channel images")
-        return (x.float() / 255.0 - mean) / std
-    return x.float()
+    if x.dtype != torch.uint8:
+        return x.float()
+    c = x.shape[1]
+    try:
+        mean, std = channel_values(config.mean, c, what="IL mean"), channel_values(config.std, c, what="IL std")
+    except ConfigError as e:
+        raise SelectionError(f"{e} (selection.il.mean/std)") from None
+    return normalize_uint8(x, mean, std)
 
 
 def _check_labels(labels: np.ndarray, n: int, num_classes: int, what: str) -> torch.Tensor:
@@ -92,21 +65,14 @@ def _check_labels(labels: np.ndarray, n: int, num_classes: int, what: str) -> to
     return y
 
 
-def _optimizer(config: ILModelConfig, params) -> torch.optim.Optimizer:
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
-    cls = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=config.lr, weight_decay=config.weight_decay)
-
-
 def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Tensor,
                    num_classes: int, device: str | torch.device = "cpu") -> torch.nn.Module:
     """Train the IL model on the holdout split (deterministic for a seed on one device)."""
     torch.manual_seed(config.seed)
     model = build_model(config.architecture, in_channels=images.shape[1], num_classes=num_classes,
                         **config.model_kwargs).to(device)
-    opt = _optimizer(config, model.parameters())
+    opt = build_optimizer(config.optimizer, model, config.lr, momentum=config.momentum,
+                          weight_decay=config.weight_decay, nesterov=False)
     sched = torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=config.lr, total_steps=config.epochs * -(-len(images) // config.batch_size))
     gen = torch.Generator().manual_seed(config.seed)
@@ -135,8 +101,7 @@ def train_il_model(config: ILModelConfig, images: torch.Tensor, labels: torch.Te
 
 
 def _amp(config: ILModelConfig, device: str | torch.device):
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                          enabled=resolve_amp(config.amp, device) == "bf16")
+    return autocast(resolve_amp(config.amp, device), device)
 
 
 def _layout(x: torch.Tensor) -> torch.Tensor:

@@ -1,27 +1,56 @@
-"""Evaluate a checkpoint on a split of a dataset artifact: one process, every sample once.
-
-The promotion decision compares candidate and champion with this function on the same split,
-so neither DDP padding nor a training-time EMA choice changes which model wins.
-"""
+"""Evaluation: accuracy and mean loss of a model over a loader (every rank its shard, summed),
+and of a checkpoint over every sample of a split (one process) — the latter is what the
+promotion decision compares, so neither DDP padding nor a training-time EMA choice changes
+which model wins."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from sluice.stages.load.augment import AugmentSpec, Normalize
+from sluice.stages.compute import autocast
+from sluice.stages.contracts import ResumableLoader
+from sluice.stages.load import AugmentSpec, Loader, LoaderConfig, SamplerConfig
+from sluice.stages.load.augment import Normalize
 from sluice.stages.models import build_model
+from sluice.stages.train.dist import DistContext
 from sluice.storage.checkpoint import load_checkpoint
 
+Prepare = Callable[[Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
-def model_from_checkpoint(checkpoint: str | os.PathLike, use_ema: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: ResumableLoader, prep: Prepare, amp: str,
+             d: DistContext) -> dict[str, float]:
+    """Accuracy and mean loss over ``loader`` (each rank its shard, summed across ranks)."""
+    was = model.training
+    model.eval()
+    tot = d.tensor([0.0, 0.0, 0.0])
+    loader.set_epoch(0)
+    with autocast(amp, d.device):
+        for batch in loader:
+            x, y, _ = prep(batch)
+            out = model(x).float()
+            tot[0] += (out.argmax(1) == y).sum()
+            tot[1] += F.cross_entropy(out, y, reduction="sum")
+            tot[2] += len(y)
+    if d.on:
+        dist.all_reduce(tot)
+    model.train(was)
+    n = max(tot[2].item(), 1.0)
+    return {"acc": tot[0].item() / n, "loss": tot[1].item() / n, "n": int(tot[2].item())}
+
+
+def model_from_checkpoint(checkpoint: str | os.PathLike,
+                          use_ema: bool = True) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The trained model (its EMA weights when the run kept them) and its training config."""
     state = load_checkpoint(checkpoint)  # weights_only=True inside
     cfg = state.get("config") or {}
-    model = build_model(cfg.get("model", "small_cnn"), cfg.get("in_channels", 1), cfg.get("num_classes", 10),
-                        **cfg.get("model_kwargs", {}))
+    model = build_model(cfg.get("model", "small_cnn"), cfg.get("in_channels", 1),
+                        cfg.get("num_classes", 10), **cfg.get("model_kwargs", {}))
     weights = state["model"]
     ema = state.get("ema")
     if use_ema and isinstance(ema, dict) and ema:
@@ -35,15 +64,16 @@ def model_from_checkpoint(checkpoint: str | os.PathLike, use_ema: bool = True) -
 
 
 @torch.no_grad()
-def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLike, split: str = "test",
-                        batch_size: int = 1000, backend: str = "auto") -> dict[str, float]:
+def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLike,
+                        split: str = "test", batch_size: int = 1000,
+                        backend: str = "auto") -> dict[str, float]:
     """Accuracy and mean cross-entropy of a checkpoint over every sample of ``split``."""
-    from sluice.stages.load.loader import Loader, LoaderConfig
-    from sluice.stages.load.samplers import SamplerConfig
     model, cfg = model_from_checkpoint(checkpoint)
-    spec = AugmentSpec(ops=[Normalize(mean=cfg.get("normalize_mean", [0.5]), std=cfg.get("normalize_std", [0.5]))])
-    loader = Loader(artifact, LoaderConfig(split=split, batch_size=batch_size, backend=backend, augment=spec,
-                                           sampler=SamplerConfig(kind="sequential"), prefetch=1))
+    spec = AugmentSpec(ops=[Normalize(mean=cfg.get("normalize_mean", [0.5]),
+                                      std=cfg.get("normalize_std", [0.5]))])
+    loader = Loader(artifact, LoaderConfig(split=split, batch_size=batch_size, backend=backend,
+                                           augment=spec, sampler=SamplerConfig(kind="sequential"),
+                                           prefetch=1))
     hits, loss, n = 0, 0.0, 0
     for x, y, _ in loader:
         out = model(x).float()

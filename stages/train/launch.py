@@ -1,6 +1,9 @@
 """Start training under ``torchrun`` from Python (what the flows call), stream its logs, and
 return rank 0's :class:`~sluice.stages.train.loop.TrainResult`.
 
+The job is a typed ``TrainJob`` (config, data specs, selection spec), validated here before
+anything starts, so a bad field or an unknown model/method/hook fails in the caller.
+
 Single node: a c10d rendezvous on ``127.0.0.1:<free port>`` (loopback only, nothing is exposed).
 Several nodes: every node calls ``launch`` with the same ``rdzv_endpoint`` (node 0's address)
 and ``nnodes``; node 0 hosts the rendezvous. A node that cannot reach the endpoint fails within
@@ -22,8 +25,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from sluice.errors import LaunchError, RendezvousError
-from sluice.stages.train.loop import FATAL, RESULT, TrainConfig, TrainError, TrainResult
+from pydantic import ValidationError
+
+from sluice.errors import ConfigError, LaunchError, RendezvousError, TrainError
+from sluice.stages.load.specs import DataSpec
+from sluice.stages.select.spec import SelectionSpec
+from sluice.stages.train.config import TrainConfig
+from sluice.stages.train.job import TrainJob
+from sluice.stages.train.loop import TrainResult
+from sluice.stages.train.worker import FATAL, JOB, RESULT
 from sluice.storage.atomic import write_json
 
 LOOPBACK = "127.0.0.1"
@@ -61,25 +71,42 @@ def torchrun_command(job: Path, nproc: int, endpoint: str, nnodes: int, max_rest
            "--rdzv-conf", f"join_timeout={int(rdzv_timeout_s)},read_timeout={int(rdzv_timeout_s)}"]
     if host in (LOOPBACK, "localhost"):
         cmd += ["--local-addr", LOOPBACK]
-    return cmd + ["-m", "sluice.stages.train.loop", "--job", str(job)]
+    return cmd + ["-m", "sluice.stages.train.worker", "--job", str(job)]
 
 
-def launch(config: TrainConfig | dict[str, Any], loader_spec: dict[str, Any],
-           eval_spec: dict[str, Any] | None = None, nproc: int = 2, *,
+def make_job(config: TrainConfig | dict[str, Any], data: DataSpec | dict[str, Any],
+             eval_data: DataSpec | dict[str, Any] | None = None,
+             selection: SelectionSpec | dict[str, Any] | None = None) -> TrainJob:
+    """A validated ``TrainJob`` from its parts (typed or dicts of the same shape); a bad field, or
+    a name no registry knows, is a ConfigError naming it."""
+    return as_job({"config": config, "data": data, "eval_data": eval_data, "selection": selection})
+
+
+def as_job(job: TrainJob | dict[str, Any]) -> TrainJob:
+    if isinstance(job, TrainJob):
+        return job
+    try:
+        return TrainJob.model_validate(job)
+    except ValidationError as e:
+        raise ConfigError(f"invalid training job: {e}") from None
+
+
+def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
            out_dir: str | os.PathLike | None = None, nnodes: int = 1, node_rank: int = 0,
            rdzv_endpoint: str | None = None, rdzv_timeout_s: float = 60.0,
            max_restarts: int = 0, timeout_s: float | None = None,
-           selector: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+           env: dict[str, str] | None = None,
            on_line: Callable[[str], None] | None = None) -> TrainResult:
-    """Run ``sluice.stages.train.loop`` under torchrun with ``nproc`` ranks on this node; return rank 0's result.
+    """Run ``job`` under torchrun with ``nproc`` ranks on this node; return rank 0's result.
 
     ``out_dir`` (default: a new temp directory) receives ``job.json``, ``checkpoints/``,
     ``metrics.jsonl``, ``result.json`` and ``torchrun.log``; launching again on the same
-    ``out_dir`` resumes from its checkpoint. ``selector`` is ``{"factory": "package.module:fn", "kwargs": {...}}``.
+    ``out_dir`` resumes from its checkpoint.
     """
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.model_validate(config)
+    job = as_job(job)
+    cfg = job.config
     if nproc < 1 or nnodes < 1:
-        raise ValueError(f"nproc and nnodes must be >= 1, got {nproc}, {nnodes}")
+        raise ConfigError(f"nproc and nnodes must be >= 1, got {nproc}, {nnodes}")
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="sluice-train-"))
     out.mkdir(parents=True, exist_ok=True)
     updates: dict[str, Any] = {}
@@ -87,23 +114,22 @@ def launch(config: TrainConfig | dict[str, Any], loader_spec: dict[str, Any],
         updates["checkpoint_dir"] = str(out / "checkpoints")
     if cfg.metrics_path is None:
         updates["metrics_path"] = str(out / "metrics.jsonl")
-    cfg = cfg.model_copy(update=updates)
+    job = job.model_copy(update={"config": cfg.model_copy(update=updates)})
     if nnodes > 1 and not rdzv_endpoint:
-        raise ValueError("several nodes need rdzv_endpoint='host:port' (node 0's address)")
+        raise ConfigError("several nodes need rdzv_endpoint='host:port' (node 0's address)")
     endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"rdzv_endpoint must be 'host:port', got {endpoint!r}")
+        raise ConfigError(f"rdzv_endpoint must be 'host:port', got {endpoint!r}")
     if node_rank > 0:  # node 0 hosts the store; the others must reach it in bounded time
         wait_reachable(host, int(port), rdzv_timeout_s)
     for stale in (FATAL, RESULT):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
-    job = out / "job.json"
-    write_json(job, {"config": cfg.model_dump(mode="json"), "loader": loader_spec,
-                     "eval": eval_spec, "selector": selector, "out_dir": str(out)})
+    job_path = out / JOB
+    write_json(job_path, job.model_dump(mode="json"))
     run_id = f"sluice-{uuid.uuid4().hex[:8]}" if nnodes == 1 else f"sluice-{port}"
-    cmd = torchrun_command(job, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
+    cmd = torchrun_command(job_path, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
     rc, tail = _run(cmd, out / "torchrun.log", timeout_s, env, on_line)
     return _collect(out, rc, tail, endpoint)
 
@@ -113,8 +139,6 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
     """Run torchrun, copy its output to ``log`` and ``on_line`` (default: stdout)."""
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    repo = str(Path(__file__).resolve().parents[2])  # workers import user code by module path
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, full_env.get("PYTHONPATH")) if p)
     emit = on_line or (lambda s: print(s, end="", flush=True))
     tail: list[str] = []
     with open(log, "a") as f, subprocess.Popen(

@@ -11,11 +11,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.flows.config import merge
-from sluice.stages.load.augment import AugmentSpec, Flip, Translate
-from sluice.stages.load.loader import LoaderConfig
-from sluice.stages.select.methods import ILModelConfig, SelectionConfig
-from sluice.stages.data.shard import PrepareConfig
-from sluice.stages.train.loop import CommConfig, TrainConfig
+from sluice.stages.data.config import PrepareConfig
+from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
+from sluice.stages.load.augment import Flip, Normalize, Translate
+from sluice.stages.load.specs import ArtifactData
+from sluice.stages.select import ILModelConfig, SelectionConfig, candidate_size_for
+from sluice.stages.select.base import SELECTION_METHODS
+from sluice.stages.select.spec import SelectionSpec
+from sluice.stages.train.config import CommConfig, TrainConfig
+from sluice.stages.train.job import TrainJob
 
 
 class PromotionConfig(BaseModel):
@@ -113,23 +117,19 @@ def dataset_info(summary) -> dict[str, Any]:
             "channels": (m.fields.image.shape or (0, 0, 3))[2]}
 
 
-def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -> dict[str, Any]:
-    """The arguments of ``sluice.stages.train.launch.launch`` for this pipeline on this dataset version:
-    the train config, loader specs (train: candidate batches; eval: every sample once) and the
-    selector spec. With selection, each rank draws ``batch/ratio`` candidates and trains on
+def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -> TrainJob:
+    """The typed training job for this pipeline on this dataset version: the train config, the
+    data specs (train: candidate batches; eval: every sample once) and the selection spec. With
+    a method that picks a subset, each rank draws ``batch / ratio`` candidates and trains on
     ``batch`` of them; only full candidate batches, so every rank does the same work. InfoBatch
     draws ``batch`` candidates and trains the ones it does not prune."""
-    from sluice.stages.load.augment import Normalize
-    from sluice.stages.load.samplers import SamplerConfig
     norm = Normalize(mean=c.train.normalize_mean, std=c.train.normalize_std)
-    sel, update = c.selection, {}
-    n_b = n_big = c.train.batch_size
-    if sel.method not in ("none", "infobatch") and sel.n_select is None:
-        n_big = max(n_b, round(n_b / sel.ratio))
-        update["n_select"] = n_b
-    if sel.method == "importance":  # the loader's candidates are uniform: n_b are redrawn by p
-        update["importance_draw"] = "candidates"
-    sel = sel.model_copy(update=update)
+    n_b = c.train.batch_size
+    sel, n_big = c.selection, n_b
+    if sel.method != "none":
+        n_big = candidate_size_for(sel, n_b)
+        update = {"n_select": n_b} if sel.picks_subset and sel.n_select is None else {}
+        sel = SELECTION_METHODS.get(sel.method).for_training_stage(sel.model_copy(update=update))
     train = c.loader.model_copy(update={"split": "train", "batch_size": n_big, "drop_last": True,
                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm],
                                                                channels_last=c.augment.channels_last
@@ -137,14 +137,11 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
     evaluate = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500, "drop_last": False,
                                            "augment": AugmentSpec(ops=[norm]), "resolution": None,
                                            "sampler": SamplerConfig(kind="sequential")})
-    selector = None
+    selection = None
     if sel.method != "none":
-        selector = {"factory": "sluice.stages.select.spec:make_selector",
-                    "kwargs": {"selection": sel.model_dump(mode="json"), "candidate_size": n_big,
-                               "split_size": data["counts"]["train"], "fingerprint": data["fingerprint"],
-                               "il_scores": il_path}}
-    return {"config": c.train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
-                                                 "progress": False}),
-            "loader_spec": {"kind": "artifact", "root": data["root"], "loader": train.model_dump(mode="json")},
-            "eval_spec": {"kind": "artifact", "root": data["root"], "loader": evaluate.model_dump(mode="json")},
-            "selector": selector}
+        selection = SelectionSpec(config=sel, candidate_size=n_big, split_size=data["counts"]["train"],
+                                  fingerprint=data["fingerprint"], il_scores=il_path)
+    config = c.train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
+                                        "progress": False})
+    return TrainJob(config=config, data=ArtifactData(root=data["root"], loader=train),
+                    eval_data=ArtifactData(root=data["root"], loader=evaluate), selection=selection)

@@ -1,0 +1,82 @@
+"""The data stage's configs: where samples come from and how they are split (``IngestConfig``),
+how they are encoded and cut into shards (``ShardConfig``), and both (``PrepareConfig``, the
+input of ``sluice shard`` and of the ``prepare`` flow)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sluice.stages.data.sources.base import SOURCES
+from sluice.storage.fingerprint import hash_obj
+
+Format = Literal["webdataset", "dali", "ffcv"]
+ALL_FORMATS: list[Format] = ["webdataset", "dali", "ffcv"]
+
+
+class IngestConfig(BaseModel):
+    """Where samples come from and how the source's train split is cut into our splits."""
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = "fashion-mnist"
+    kind: str = Field("auto", description="auto, or a registered source: idx, folder, npz, webdataset, ...")
+    holdout_fraction: float = Field(0.1, ge=0.0, lt=1.0,
+                                    description="share of the source's train split held out for RHO-LOSS")
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    test_fraction: float = Field(0.1, ge=0.0, lt=1.0,
+                                 description="used only when the source has no test split")
+    seed: int = 0
+    limit: int | None = Field(None, ge=1, description="first N samples of each source split (quick runs)")
+    num_classes: int | None = Field(None, ge=1, description="labels must lie in [0, num_classes)")
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return v if v == "auto" else SOURCES.validate(v)
+
+    @model_validator(mode="after")
+    def _fractions(self) -> "IngestConfig":
+        if self.holdout_fraction + self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("holdout_fraction + val_fraction + test_fraction must be < 1")
+        return self
+
+    def split_fingerprint(self) -> str:
+        """What, besides the source content, decides which sample lands in which split."""
+        return hash_obj(self.model_dump(exclude={"source", "kind"}))
+
+
+class ShardConfig(BaseModel):
+    """How samples are encoded and cut into shards."""
+    model_config = ConfigDict(extra="forbid")
+
+    encoding: Literal["npy", "png", "jpg"] = "npy"
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    png_level: int = Field(1, ge=0, le=9)
+    shard_samples: int = Field(5000, ge=1, description="samples per shard")
+    shard_bytes: int | None = Field(None, ge=4096, description="target shard size; overrides shard_samples")
+    formats: list[Format] = Field(default_factory=lambda: list(ALL_FORMATS))
+    image_size: tuple[int, int] | None = Field(None, description="resize every image to (H, W)")
+    channels: Literal[1, 3] | None = Field(None, description="convert to 1 (gray) or 3 (RGB)")
+    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
+    workers: int | None = Field(None, ge=1, description="processes; default: all cores")
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _formats(self) -> "ShardConfig":
+        if not self.formats:
+            raise ValueError("formats must name at least one of webdataset, dali, ffcv")
+        if "dali" in self.formats and "webdataset" not in self.formats:
+            raise ValueError("the dali format indexes the WebDataset shards: add webdataset to formats")
+        self.formats = [f for f in ALL_FORMATS if f in self.formats]
+        return self
+
+    def content_fingerprint(self) -> str:
+        """Only what changes the bytes written: not workers or progress bars."""
+        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction"}))
+
+
+class PrepareConfig(BaseModel):
+    """Ingest + shard: the input of ``sluice shard`` and of the ``prepare`` flow."""
+    model_config = ConfigDict(extra="forbid")
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    shard: ShardConfig = Field(default_factory=ShardConfig)

@@ -1,0 +1,144 @@
+"""The sharding stage's first pass: validate every planned sample once, quarantine the ones that
+cannot be used (with the reason and where they came from), and fix each usable sample's split
+index and key. The result is saved in the work directory, so a resumed run skips the pass."""
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from sluice.errors import SampleError, ShardError, TooManyBadSamples
+from sluice.stages.data.config import ShardConfig
+from sluice.stages.data.encode import ShardJob
+from sluice.stages.data.split import SplitPlan
+from sluice.stages.procs import map_forked
+from sluice.storage import atomic
+
+SCAN_FILE = ".scan.json"
+Shape = tuple[int, int, int]
+
+
+class PlannedSample(NamedTuple):
+    """A usable sample: where it is in the source, and its key and label in the artifact."""
+    source_split: str
+    source_index: int
+    key: str
+    label: int
+
+
+class _Checked(NamedTuple):
+    """What the scan learnt of one sample: label and shape, or why it is unusable."""
+    key: str
+    where: str
+    label: int | None = None
+    shape: Shape | None = None
+    reason: str | None = None
+
+
+@dataclass
+class ScanResult:
+    good: dict[str, list[PlannedSample]]  # our split -> usable samples, in split-index order
+    bad: list[dict]  # quarantine records (split, key, where, reason)
+    shape: Shape | None  # the fixed (H, W, C), or None for variable-size RGB images
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.good.values()) + len(self.bad)
+
+
+def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[_Checked]:
+    """Decode and validate each (source split, index) of a chunk (in a pool worker)."""
+    out = []
+    for sp, i in chunk:
+        key, where = f"{sp}-{i:06d}", f"{sp}[{i}]"
+        try:
+            s = job.source.load(sp, i)
+            key, where = s.key, s.where
+            pixels, label = job.prepare(s)
+            out.append(_Checked(key, where, label, tuple(pixels.shape)))
+        except SampleError as e:
+            out.append(_Checked(key, where, reason=str(e)))
+    return out
+
+
+def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> ScanResult:
+    """Validate every planned sample once (``progress(n)`` after each chunk); reuse a saved scan
+    of the same plan."""
+    scan_path = work / SCAN_FILE
+    sizes = {k: len(v) for k, v in plan.items()}
+    if scan_path.exists():
+        saved = json.loads(scan_path.read_text())
+        if saved.get("plan_sizes") == sizes:
+            good = {s: [PlannedSample(*g) for g in items] for s, items in saved["good"].items()}
+            return ScanResult(good, saved["bad"], tuple(saved["shape"]) if saved["shape"] else None)
+    n = sum(sizes.values())
+    step = max(64, min(2000, n // (workers * 8) or 64))
+    chunks = [(split, items[k:k + step]) for split, items in plan.items() for k in range(0, len(items), step)]
+    checked: dict[str, list[tuple[tuple[str, int], _Checked]]] = {s: [] for s in plan}
+    for (split, items), res in zip(chunks, map_forked(check_chunk, job, [c for _, c in chunks], workers)):
+        checked[split] += zip(items, res)
+        progress(len(items))
+    bad = [{"split": split, "key": c.key, "where": c.where, "reason": c.reason}
+           for split, rows in checked.items() for _, c in rows if c.reason is not None]
+    usable = {split: [(src, c) for src, c in rows if c.reason is None] for split, rows in checked.items()}
+    shape = _fixed_shape(usable, bad, job.config)
+    good = {split: _dedupe([PlannedSample(sp, i, c.key, c.label) for (sp, i), c in rows])
+            for split, rows in usable.items()}
+    atomic.write_bytes(scan_path, json.dumps({"plan_sizes": sizes, "good": good, "bad": bad,
+                                              "shape": list(shape) if shape else None},
+                                             separators=(",", ":")).encode())
+    return ScanResult(good, bad, shape)
+
+
+def _fixed_shape(usable: dict[str, list], bad: list[dict], cfg: ShardConfig) -> Shape | None:
+    """The dataset's (H, W, C); samples of another shape are quarantined where a fixed shape is
+    required (raw arrays and FFCV's ndarray field). None when RGB images may vary in size."""
+    shapes = Counter(c.shape for rows in usable.values() for _, c in rows)
+    if not shapes:
+        return None
+    common = shapes.most_common(1)[0][0]
+    if len(shapes) == 1:
+        return common
+    if cfg.encoding in ("jpg", "png") and all(s[2] == 3 for s in shapes):
+        return None  # variable-size RGB images are fine
+    for split, rows in usable.items():
+        keep = []
+        for (sp, i), c in rows:
+            if c.shape == common:
+                keep.append(((sp, i), c))
+            else:
+                bad.append({"split": split, "key": c.key, "where": c.where,
+                            "reason": f"shape {c.shape} differs from the dataset's {common}; "
+                                      "a fixed shape is required here (set shard.image_size to resize)"})
+        usable[split] = keep
+    return common
+
+
+def _dedupe(items: list[PlannedSample]) -> list[PlannedSample]:
+    """Keys unique within the split: repeats get ``-dup1``, ``-dup2``..."""
+    seen: Counter = Counter()
+    out = []
+    for g in items:
+        n = seen[g.key]
+        seen[g.key] += 1
+        out.append(g._replace(key=f"{g.key}-dup{n}") if n else g)
+    return out
+
+
+def check_bad(result: ScanResult, cfg: ShardConfig, remove: Path | None) -> None:
+    """Refuse (and remove a fresh work directory) when more samples were bad than allowed."""
+    total, bad = result.total, result.bad
+    if total == 0:
+        raise ShardError("the source has no samples to shard")
+    frac = len(bad) / total
+    if frac > cfg.max_bad_fraction or len(bad) == total:
+        if remove is not None:
+            shutil.rmtree(remove, ignore_errors=True)
+        examples = "\n".join(f"  {b['where']} ({b['key']}): {b['reason']}" for b in bad[:5])
+        raise TooManyBadSamples(
+            f"{len(bad)} of {total} samples ({frac:.1%}) are unusable, more than "
+            f"max_bad_fraction={cfg.max_bad_fraction:.1%}; no artifact was written. First problems:\n"
+            f"{examples}")

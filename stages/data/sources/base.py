@@ -1,0 +1,86 @@
+"""The source registry, and what every source provides.
+
+A source knows its own splits (``train``, and ``test`` when it has one), how many samples each
+holds, and how to load sample ``i`` of a split. Loading is random access so shard writers in
+several processes can each read their own partition. Nothing is decoded or validated here;
+the sharding stage does that per sample and quarantines what fails.
+
+Add a source: a new file with a ``Source`` subclass registered by ``@SOURCES.register(name)``
+(``open`` builds it from a path, ``detect`` says whether a path looks like one, for
+``kind: auto``), plus one import line in ``sources/__init__.py`` (outside Sluice: the same
+decorator, or an entry point in group ``sluice.sources``); then ``ingest.kind: name``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from sluice.plugins import PluginRegistry
+
+if TYPE_CHECKING:  # the ingest config imports this registry; no runtime cycle
+    from sluice.stages.data.config import IngestConfig
+
+SOURCES: PluginRegistry[type["Source"]] = PluginRegistry("sources", "source kind")
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def sanitize_key(text: str) -> str:
+    """A tar-safe sample key: letters, digits, '_' and '-' only (no dots, no slashes)."""
+    return _KEY_BAD.sub("_", text).strip("_") or "sample"
+
+
+def unique_keys(raw: list[str]) -> list[str]:
+    """Sanitised keys, made unique by suffixing repeats with ``-1``, ``-2``..."""
+    seen: dict[str, int] = {}
+    out = []
+    for k in map(sanitize_key, raw):
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        out.append(k if n == 0 else f"{k}-{n}")
+    return out
+
+
+@dataclass
+class RawSample:
+    """A sample as the source holds it: an array or encoded bytes, and a raw label."""
+    key: str
+    label: object
+    where: str  # file (and position) it came from, for error messages
+    array: np.ndarray | None = None
+    encoded: bytes | None = None
+    encoded_ext: str | None = None  # 'jpg' / 'png' / 'npy' when ``encoded`` is set
+
+
+class Source:
+    """A readable source. ``kind`` is its registered name; ``uri`` where it lives."""
+    kind: ClassVar[str] = ""
+    detect_order: ClassVar[int] = 50  # lower is tried first by ``kind: auto``
+    uri: str
+
+    @classmethod
+    def detect(cls, spec: str, path: Path) -> bool:
+        """Whether ``spec`` (a path or pattern) looks like this kind of source."""
+        return False
+
+    @classmethod
+    def open(cls, spec: str, config: "IngestConfig", class_names: list[str] | None = None) -> "Source":
+        raise NotImplementedError
+
+    def split_sizes(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def load(self, split: str, i: int) -> RawSample:
+        raise NotImplementedError
+
+    def num_classes(self) -> int | None:
+        return None
+
+    def class_names(self) -> list[str]:
+        return []
+
+    def fingerprint(self) -> str:
+        raise NotImplementedError

@@ -1,0 +1,128 @@
+"""``webdataset``: existing WebDataset ``.tar`` shards — a file, a directory of them (optionally
+``train/`` and ``test/`` sub-directories), or a brace pattern ``shards-{000..009}.tar``."""
+from __future__ import annotations
+
+import re
+import tarfile
+from pathlib import Path
+
+from sluice.errors import SampleError, SourceError
+from sluice.stages.data.sources.base import SOURCES, RawSample, Source, sanitize_key
+from sluice.storage.fingerprint import hash_files
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``{000..009}`` and ``{a,b}`` the way WebDataset URLs do."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    body, pre, post = m.group(1), pattern[:m.start()], pattern[m.end():]
+    rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if rng:
+        a, b = rng.groups()
+        items = [str(n).zfill(len(a)) for n in range(int(a), int(b) + 1)]
+    else:
+        items = body.split(",")
+    return [e for it in items for e in expand_braces(pre + it + post)]
+
+
+@SOURCES.register("webdataset")
+class WebDatasetSource(Source):
+    """Existing WebDataset tar shards, re-sharded. Members are indexed once (headers only) so
+    samples can be read by position; member names are used as keys, never as paths."""
+    kind = "webdataset"
+    detect_order = 30
+
+    @classmethod
+    def detect(cls, spec: str, path: Path) -> bool:
+        if "{" in spec or path.suffix == ".tar":
+            return True
+        return path.is_dir() and (any(path.glob("*.tar")) or any(path.glob("*/*.tar")))
+
+    @classmethod
+    def open(cls, spec, config, class_names=None) -> "WebDatasetSource":
+        return cls(spec, config.num_classes)
+    label_exts = ("cls", "label", "target")
+
+    def __init__(self, spec: str, num_classes: int | None = None):
+        self.uri = spec
+        self._tars: dict[str, list[Path]] = {}
+        p = Path(spec)
+        if p.is_dir():
+            subs = {s: sorted((p / s).glob("*.tar")) for s in ("train", "test") if (p / s).is_dir()}
+            self._tars = {s: v for s, v in subs.items() if v} or {"train": sorted(p.glob("*.tar"))}
+        else:
+            self._tars = {"train": [Path(u) for u in expand_braces(spec)]}
+        for tars in self._tars.values():
+            for t in tars:
+                if not t.is_file():
+                    raise SourceError(f"WebDataset shard not found: {t}")
+        if not any(self._tars.values()):
+            raise SourceError(f"{spec}: no .tar shards found")
+        self._index = {s: self._index_split(tars) for s, tars in self._tars.items()}
+        self._num_classes = num_classes
+
+    def _index_split(self, tars: list[Path]) -> list[tuple[Path, str, dict[str, tuple[int, int]]]]:
+        """(tar, key, {ext: (offset, size)}) per sample, from headers alone."""
+        out = []
+        for t in tars:
+            groups: dict[str, dict[str, tuple[int, int]]] = {}
+            order: list[str] = []
+            try:
+                with tarfile.open(t, "r:") as tf:
+                    for m in tf:
+                        if not m.isfile():
+                            continue
+                        base = m.name.rsplit("/", 1)[-1]
+                        if "." not in base:
+                            continue
+                        stem, ext = base.split(".", 1)
+                        key = m.name[: len(m.name) - len(base)] + stem
+                        if key not in groups:
+                            groups[key] = {}
+                            order.append(key)
+                        groups[key][ext.lower()] = (m.offset_data, m.size)
+            except (tarfile.TarError, OSError, EOFError) as e:
+                # A truncated shard keeps the samples read before the damage.
+                if not order:
+                    raise SourceError(f"{t}: not a readable tar file: {e}") from None
+                self._damaged = getattr(self, "_damaged", []) + [f"{t}: {e}"]
+            out += [(t, k, groups[k]) for k in order]
+        return out
+
+    def split_sizes(self) -> dict[str, int]:
+        return {s: len(v) for s, v in self._index.items()}
+
+    def load(self, split: str, i: int) -> RawSample:
+        tar, key, members = self._index[split][i]
+        where = f"{tar}:{key}"
+        img_ext = next((e for e in ("jpg", "jpeg", "png", "npy") if e in members), None)
+        lab_ext = next((e for e in self.label_exts if e in members), None)
+        if img_ext is None:
+            raise SampleError(f"no image member (.jpg/.png/.npy) among {sorted(members)}")
+        if lab_ext is None:
+            raise SampleError(f"no label member (.cls) among {sorted(members)}")
+        with open(tar, "rb") as f:
+            def read(ext: str) -> bytes:
+                off, size = members[ext]
+                f.seek(off)
+                data = f.read(size)
+                if len(data) != size:
+                    raise SampleError(f"member .{ext} is truncated ({len(data)} of {size} bytes)")
+                return data
+            img, lab = read(img_ext), read(lab_ext)
+        try:
+            label: object = lab.decode().strip()
+        except UnicodeDecodeError:
+            label = lab
+        ext = {"jpeg": "jpg"}.get(img_ext, img_ext)
+        return RawSample(key=sanitize_key(key), label=label, encoded=img, encoded_ext=ext, where=where)
+
+    def num_classes(self) -> int | None:
+        return self._num_classes
+
+    def class_names(self) -> list[str]:
+        return []
+
+    def fingerprint(self) -> str:
+        return hash_files([t for tars in self._tars.values() for t in tars])

@@ -1,0 +1,64 @@
+"""The loader-backend registry and what every backend provides.
+
+A backend turns an index order into batches, exactly in that order. Most yield raw uint8 NHWC
+batches, which the ``Loader`` then transfers and augments; a backend with ``augments = True``
+(DALI) decodes, augments and places batches on the device itself, drawing its random
+parameters from the same ``augment.draws`` as the torch path.
+
+Add one: a new file with a ``Backend`` subclass registered by ``@LOADER_BACKENDS.register(name)``
+and one import line in ``backends/__init__.py`` (outside Sluice: the same decorator in your
+module, or an entry point in group ``sluice.loader_backends``); then ``loader.backend: name``.
+A backend module imports its library inside ``open`` (``sluice.errors.require``), so importing
+the loader never imports FFCV or DALI.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+
+import numpy as np
+import torch
+
+from sluice.plugins import PluginRegistry
+from sluice.storage.artifact import DatasetArtifact
+
+if TYPE_CHECKING:  # the loader config imports this registry; no runtime cycle
+    from sluice.stages.load.config import LoaderConfig
+
+RawBatch = tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]
+LOADER_BACKENDS: PluginRegistry[type["Backend"]] = PluginRegistry("loader_backends", "loader backend")
+
+
+class Timings(dict):
+    """Cumulative seconds per loading stage (read / decode / augment / transfer / wait)."""
+
+    def add(self, key: str, seconds: float) -> None:
+        self[key] = self.get(key, 0.0) + seconds
+
+
+def batch_slices(n: int, batch_size: int, drop_last: bool, start_batch: int) -> list[tuple[int, int]]:
+    """(lo, hi) of each batch of an ``n``-long order, from batch ``start_batch`` on."""
+    stop = (n // batch_size) * batch_size if drop_last else n
+    return [(lo, min(lo + batch_size, stop)) for lo in range(start_batch * batch_size, stop, batch_size)]
+
+
+class Backend:
+    """Reads one split of an artifact in any order. Subclasses set ``name`` and implement
+    ``open`` and ``epoch``."""
+    name: ClassVar[str] = ""
+    augments: ClassVar[bool] = False  # yields finished batches (augmented, on the device)
+    forks_per_epoch: bool = False  # starts worker processes per epoch: no prefetch thread
+    timings: Timings
+
+    @classmethod
+    def open(cls, artifact: DatasetArtifact, split: str, config: "LoaderConfig",
+             device: torch.device, workers: int) -> "Backend":
+        raise NotImplementedError
+
+    def epoch(self, order: np.ndarray, batch_size: int, drop_last: bool, start_batch: int = 0, *,
+              resolution: int | None = None, epoch: int = 0) -> Iterator[Any]:
+        """Batches of ``order[start_batch * batch_size:]``, in order; the last partial batch
+        unless ``drop_last``. ``resolution`` and ``epoch`` matter to augmenting backends only."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release files, threads and pipelines (the backend may be reopened)."""

@@ -1,0 +1,87 @@
+"""``ffcv``: FFCV's compiled reader over the split's ``.beton``, driven by our order."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from sluice.errors import LoaderError, require
+from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices
+from sluice.storage.artifact import DatasetArtifact
+
+
+@LOADER_BACKENDS.register("ffcv")
+class FfcvBackend(Backend):
+    """FFCV's reader and JIT-compiled decoders, fed our order directly (an EpochIterator per
+    epoch), so no length is fixed from the first epoch and any order or resume point works."""
+    name = "ffcv"
+
+    @classmethod
+    def open(cls, artifact, split, config, device, workers) -> "FfcvBackend":
+        return cls(artifact, split, max(1, workers), config.batch_size)
+
+    def __init__(self, artifact: DatasetArtifact, split: str, workers: int, batch_size: int):
+        threads = torch.get_num_threads()
+        require("ffcv", "ffcv", "ffcv", "the ffcv loader backend")
+        keep_torch_threads()
+        torch.set_num_threads(threads)  # importing FFCV set torch to 1 thread, process-wide
+        from ffcv.fields.basics import IntDecoder
+        from ffcv.fields.ndarray import NDArrayDecoder
+        from ffcv.fields.rgb_image import SimpleRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        rec = artifact.manifest.split(split)
+        if rec.ffcv is None:
+            raise LoaderError(f"split {split!r} has no FFCV file (formats={artifact.manifest.formats}); "
+                              "re-shard with the ffcv format or pick another backend")
+        self.path = str(artifact.local(rec.ffcv))
+        image = NDArrayDecoder() if artifact.manifest.fields.image.ffcv_field == "ndarray" else SimpleRGBImageDecoder()
+        self.workers, self.batch_size = workers, batch_size
+        self.loader = Loader(self.path, batch_size=batch_size, num_workers=workers, order=OrderOption.SEQUENTIAL,
+                             drop_last=False, batches_ahead=2,
+                             pipelines={"image": [image], "label": [IntDecoder()], "index": [IntDecoder()], "key": None})
+        self.timings = Timings()
+
+    def epoch(self, order: np.ndarray, batch_size: int, drop_last: bool, start_batch: int = 0, *,
+              resolution: int | None = None, epoch: int = 0) -> Iterator[RawBatch]:
+        from ffcv.loader.epoch_iterator import EpochIterator
+        from ffcv.pipeline.compiler import Compiler
+        if batch_size != self.batch_size:
+            raise LoaderError("the ffcv backend was built for another batch size")
+        spans = batch_slices(len(order), batch_size, drop_last, start_batch)
+        if not spans:
+            return
+        Compiler.set_num_threads(self.workers)
+        it = EpochIterator(self.loader, order[spans[0][0]: spans[-1][1]].astype(np.uint64))
+        try:
+            while True:
+                t = time.perf_counter()
+                try:
+                    x, y, idx = next(it)
+                except StopIteration:
+                    return
+                # FFCV reuses its output buffers a few batches later: copy out.
+                out = (np.array(x), np.array(y).reshape(-1).astype(np.int64), np.array(idx).reshape(-1).astype(np.int64))
+                self.timings.add("read+decode", time.perf_counter() - t)
+                yield out
+        finally:
+            it.close()
+
+
+def keep_torch_threads() -> None:
+    """FFCV's ``Compiler.set_num_threads`` also sets torch's thread count for the whole process
+    (and its loader thread calls it every epoch), silently slowing the caller's own torch work.
+    Numba's setting is per thread, which is all FFCV needs: patch out the torch part."""
+    import numba
+    from ffcv.pipeline.compiler import Compiler
+    if getattr(Compiler, "_sluice_patched", False):
+        return
+
+    def set_num_threads(cls, n: int) -> None:
+        n = n if n >= 1 else (os.cpu_count() or 1)
+        cls.num_threads = n
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    Compiler.set_num_threads = classmethod(set_num_threads)
+    Compiler._sluice_patched = True

@@ -1,0 +1,110 @@
+"""``webdataset``: the tar shards read by byte offset (from the DALI index files) in torch
+DataLoader workers, in exactly the sampler's order; or, as an explicit ``streaming`` mode, plain
+WebDataset streaming with shard shuffle."""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from sluice.errors import require
+from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices
+from sluice.stages.load.decode import opencv, pixels
+from sluice.stages.load.sample_index import SampleIndex
+from sluice.stages.procs import fork_safe
+from sluice.storage.artifact import DatasetArtifact
+
+
+class _IndexedTarDataset(torch.utils.data.Dataset):
+    def __init__(self, si: SampleIndex, labels: np.ndarray):
+        self.si, self.labels = si, labels
+
+    def __len__(self) -> int:
+        return self.si.count
+
+    def __getitem__(self, batch: np.ndarray):  # a whole batch per call: one IPC round trip
+        imgs = np.stack([pixels(self.si, int(i)) for i in batch])
+        return imgs, self.labels[batch], batch
+
+
+@LOADER_BACKENDS.register("webdataset")
+class WebDatasetBackend(Backend):
+    """Exact-order reads from the tar shards (byte offsets from the DALI index files), decoded in
+    ``workers`` DataLoader processes. ``streaming=True`` is plain WebDataset instead: shards
+    shuffled, a shuffle buffer, no exact order and resume only at epoch boundaries."""
+    name = "webdataset"
+
+    @classmethod
+    def open(cls, artifact, split, config, device, workers) -> "WebDatasetBackend":
+        return cls(artifact, split, workers, config.streaming, config.shuffle_buffer, config.seed)
+
+    def __init__(self, artifact: DatasetArtifact, split: str, workers: int, streaming: bool = False,
+                 shuffle_buffer: int = 1000, seed: int = 0):
+        self.artifact, self.split, self.workers = artifact, split, workers
+        self.labels = artifact.labels(split)
+        self.streaming, self.shuffle_buffer, self.seed = streaming, shuffle_buffer, seed
+        self.si = None if streaming else SampleIndex(artifact, split)
+        if self.si is not None and self.si.encoding in ("jpg", "jpeg"):
+            opencv()  # imported once here, not in every epoch's freshly forked workers
+        self.timings = Timings()
+        self.forks_per_epoch = workers > 0 and not streaming
+
+    def epoch(self, order: np.ndarray, batch_size: int, drop_last: bool, start_batch: int = 0, *,
+              resolution: int | None = None, epoch: int = 0) -> Iterator[RawBatch]:
+        if self.streaming:
+            yield from self._stream(order, batch_size, drop_last)
+            return
+        spans = batch_slices(len(order), batch_size, drop_last, start_batch)
+        batches = [order[lo:hi] for lo, hi in spans]
+        dl = torch.utils.data.DataLoader(_IndexedTarDataset(self.si, self.labels), batch_size=None,
+                                         sampler=batches, num_workers=self.workers,
+                                         prefetch_factor=4 if self.workers else None,
+                                         persistent_workers=False)
+        with fork_safe():  # DataLoader forks its workers when the iterator starts
+            it = iter(dl)
+        t = time.perf_counter()
+        for imgs, labels, idx in it:
+            self.timings.add("read+decode", time.perf_counter() - t)
+            yield imgs, labels, idx
+            t = time.perf_counter()
+
+    def _stream(self, order: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[RawBatch]:
+        """Plain WebDataset: as many samples as this rank's share, in stream order."""
+        wds = require("webdataset", "webdataset", "webdataset", "the webdataset streaming mode")
+        import io
+        urls = [str(self.artifact.local(sh.tar)) for sh in self.artifact.manifest.split(self.split).shards]
+        ext = self.artifact.manifest.fields.image.encoding
+
+        def decode(sample):
+            data = sample[ext]
+            if ext == "npy":
+                img = np.load(io.BytesIO(data), allow_pickle=False)
+            else:
+                from PIL import Image
+                img = np.asarray(Image.open(io.BytesIO(data)))
+                img = img[:, :, None] if img.ndim == 2 else img
+            return img, int(sample["cls"]), int.from_bytes(sample["idx"], "little", signed=True)
+
+        ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=self.seed, nodesplitter=None, empty_check=False)
+              .shuffle(self.shuffle_buffer, seed=self.seed).map(decode))
+        buf: list = []
+        emitted = 0
+        t = time.perf_counter()
+        for img, label, idx in ds:
+            buf.append((img, label, idx))
+            if len(buf) == batch_size:
+                yield self._collate(buf)
+                emitted += len(buf)
+                buf = []
+                if emitted >= len(order):
+                    return
+        if buf and not drop_last:
+            yield self._collate(buf)
+        self.timings.add("read+decode", time.perf_counter() - t)
+
+    @staticmethod
+    def _collate(buf):
+        return (np.stack([b[0] for b in buf]), np.array([b[1] for b in buf], np.int64),
+                np.array([b[2] for b in buf], np.int64))

@@ -1,0 +1,36 @@
+"""The loader's config: everything that shapes what it yields; the same shape in YAML, Prefect
+and Python. ``backend`` names a registered loader backend (or ``auto``), checked here."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sluice.stages.load.augment import AugmentSpec
+from sluice.stages.load.backends import LOADER_BACKENDS
+from sluice.stages.load.samplers import ResolutionSchedule, SamplerConfig
+
+
+class LoaderConfig(BaseModel):
+    """Everything that shapes what the loader yields."""
+    model_config = ConfigDict(extra="forbid")
+    split: str = "train"
+    backend: str = Field("auto", description="auto, or a registered backend: memory, ffcv, dali, webdataset, ...")
+    batch_size: int = Field(256, ge=1)
+    drop_last: bool = False
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    augment: AugmentSpec | None = None
+    resolution: ResolutionSchedule | None = None
+    device: str = "cpu"
+    workers: int | None = Field(None, ge=0, description="decode workers; default: the machine's cores")
+    prefetch: int = Field(3, ge=0, description="batches prepared ahead in a background thread")
+    verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")
+    streaming: bool = Field(False, description="webdataset only: plain streaming with shard shuffle (inexact order)")
+    shuffle_buffer: int = 1000
+    memory_budget_bytes: int | None = None
+    seed: int = 0
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return v if v == "auto" else LOADER_BACKENDS.validate(v)

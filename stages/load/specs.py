@@ -1,0 +1,58 @@
+"""Typed data specs: what a process that was not handed a loader object (a torchrun worker)
+needs to build one. A spec is plain data, validated where it is written (before anything is
+launched) and again where it is read; it names data, never code.
+
+* ``artifact``: a dataset artifact and a ``LoaderConfig`` (the ``Loader``); the config's
+  ``batch_size`` is the per-rank batch;
+* ``arrays``: an ``.npz`` or ``fashion-mnist:<split>`` held in memory (the ``ArrayLoader``).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from sluice.stages.contracts import ResumableLoader
+from sluice.stages.load.arrays import ArrayLoader, named_arrays
+from sluice.stages.load.config import LoaderConfig
+from sluice.stages.load.loader import Loader
+
+
+class ArtifactData(BaseModel):
+    """A split of a dataset artifact, loaded by ``Loader`` (any backend, sampler, augmentation)."""
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["artifact"] = "artifact"
+    root: str = Field(description="an artifact directory, or a dataset root with LATEST")
+    loader: LoaderConfig = Field(default_factory=LoaderConfig)
+    scores: str | None = Field(None, description=".npy of per-sample scores for the sampler")
+
+    def build(self, *, rank: int, world_size: int, seed: int, train: bool,
+              batch_size: int | None = None) -> ResumableLoader:
+        scores = np.load(self.scores, allow_pickle=False) if self.scores else None
+        return Loader(self.root, self.loader, rank=rank, world_size=world_size, scores=scores)
+
+
+class ArraysData(BaseModel):
+    """Images and labels held in memory (``.npz`` with ``images``/``labels``, or
+    ``fashion-mnist:train|test``), batched by ``ArrayLoader``."""
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["arrays"] = "arrays"
+    path: str
+    limit: int | None = Field(None, ge=1, description="the first N samples only")
+    batch_size: int | None = Field(None, ge=1, description="default: the training batch size")
+    shuffle: bool | None = Field(None, description="default: shuffle for training, not for evaluation")
+    delay_s: float = Field(0.0, ge=0, description="simulated storage latency per batch")
+
+    def build(self, *, rank: int, world_size: int, seed: int, train: bool,
+              batch_size: int | None = None) -> ResumableLoader:
+        images, labels = named_arrays(self.path)
+        if self.limit:
+            images, labels = images[:self.limit], labels[:self.limit]
+        return ArrayLoader(images, labels, self.batch_size or batch_size or 128,
+                           shuffle=train if self.shuffle is None else self.shuffle, seed=seed,
+                           rank=rank, world_size=world_size, drop_last=train, even=train,
+                           delay_s=self.delay_s)
+
+
+DataSpec = Annotated[Union[ArtifactData, ArraysData], Field(discriminator="kind")]

@@ -1,0 +1,11 @@
+"""Models, by name (``train.model``, ``selection.il.architecture``): one file per built-in.
+
+Add one: a new file that registers a factory with ``@MODELS.register("name")``, plus one import
+line below (or, outside Sluice, an entry point in group ``sluice.models``).
+"""
+from sluice.stages.models.base import MODELS, build_model
+from sluice.stages.models import resnet_small, small_cnn  # noqa: F401  (each registers itself)
+from sluice.stages.models.resnet_small import ResNetSmall
+from sluice.stages.models.small_cnn import SmallCNN
+
+__all__ = ["MODELS", "build_model", "SmallCNN", "ResNetSmall"]

@@ -1,0 +1,185 @@
+"""The selection-method registry, the base selector, and the pieces every method shares.
+
+The hook: ``selector(model, images, labels, indices) -> SelectedBatch`` (``contracts.Selector``).
+Images are on the model's device, float, normalised; labels int64; indices int64 = the stable
+index within the split (IL scores and noise masks are aligned to it). A method that
+``picks_subset`` returns exactly ``n_select`` samples per call, so DDP ranks do equal work;
+each rank selects from its own candidates.
+
+Add a method: a new file with a ``BaseSelector`` subclass registered by
+``@SELECTION_METHODS.register(name)``, plus one import line in ``select/__init__.py`` (outside
+Sluice: the same decorator in your module, or an entry point in group
+``sluice.selection_methods`` for the training workers); then ``selection.method: name``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sluice.errors import SelectionError
+from sluice.plugins import PluginRegistry
+from sluice.stages.contracts import SelectedBatch
+
+SELECTION_METHODS: PluginRegistry[type["BaseSelector"]] = PluginRegistry(
+    "selection_methods", "selection method")
+
+
+@dataclasses.dataclass
+class SelectorContext:
+    """What ``build_selector`` checked and prepared for a method: n_b, the split size, and the
+    per-sample tables (IL scores, known-noise mask) aligned to split indices."""
+    n_select: int | None = None
+    split_size: int | None = None
+    il: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    device: torch.device | str | None = None
+    sampler: object | None = None  # importance: a prepared ImportanceSampler
+
+
+class BaseSelector:
+    """Shared state and helpers: n_b, the IL scores and noise mask, RNG, statistics."""
+    picks_subset: ClassVar[bool] = True   # trains n_b of the n_B candidates (ratio applies)
+    needs_il: ClassVar[bool] = False      # refuses to build without irreducible-loss scores
+
+    def __init__(self, config, ctx: SelectorContext):
+        self.config = config
+        self.n_select = ctx.n_select
+        self._il = ctx.il
+        self._noise = ctx.noise
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    @classmethod
+    def build(cls, config, ctx: SelectorContext) -> "BaseSelector":
+        """The selector for ``config`` (override to check or prepare more)."""
+        return cls(config, ctx)
+
+    @classmethod
+    def for_training_stage(cls, config):
+        """The config this method runs with inside the training stage, whose loader hands it
+        uniform candidate batches (importance sampling redraws from them)."""
+        return config
+
+    def __call__(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                 indices: torch.Tensor) -> SelectedBatch:
+        raise NotImplementedError
+
+    def _n(self, n_candidates: int) -> int:
+        n = self.config.n_select_for(n_candidates)
+        if self.n_select is not None and n != self.n_select:
+            raise SelectionError(f"candidate batch of {n_candidates} gives n_b = {n}, but this "
+                                 f"selector was built for n_b = {self.n_select}; every step "
+                                 "(and rank) must train the same count")
+        return n
+
+    def _lookup(self, table: torch.Tensor | None, indices: torch.Tensor) -> torch.Tensor | None:
+        if table is None:
+            return None
+        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= table.numel()):
+            raise SelectionError(f"sample index {int(indices.max())} outside the scored split of "
+                                 f"{table.numel()} samples: scores and loader disagree")
+        if table.device != indices.device:  # move both tables once, to the batch's device
+            self._il = None if self._il is None else self._il.to(indices.device)
+            self._noise = None if self._noise is None else self._noise.to(indices.device)
+            table = table.to(indices.device)
+        return table[indices]
+
+    def _stats(self, indices: torch.Tensor, pos: torch.Tensor,
+               loss: torch.Tensor | None) -> dict[str, float]:
+        """Selected-vs-candidate statistics (one device sync)."""
+        names, vals = ["n_candidates", "n_selected"], [float(indices.numel()), float(pos.numel())]
+        il = self._lookup(self._il, indices)
+        noise = self._lookup(self._noise, indices)
+        series = {"loss": loss, "il": il,
+                  "reducible": (loss - il) if loss is not None and il is not None else None}
+        for name, t in series.items():
+            if t is not None:
+                names += [f"cand_{name}_mean", f"sel_{name}_mean"]
+                vals += [t.float().mean(), t[pos].float().mean()]
+        if noise is not None:
+            names += ["cand_noisy", "sel_noisy"]
+            vals += [noise.float().sum(), noise[pos].float().sum()]
+        out = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=indices.device)
+                           for v in vals]).tolist()
+        return dict(zip(names, out))
+
+    def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
+        """Per-sample losses of the trained samples after the step (default: ignored)."""
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to select as the uninterrupted one would (tensors and plain
+        values only: checkpoints load with ``weights_only=True``)."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+# ---------------------------------------------------------------- scoring and checks
+
+def select_top(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """Positions of the ``n`` highest scores (exactly ``n``; NaN/inf refused)."""
+    check_finite(scores, "selection scores")
+    if not 1 <= n <= scores.numel():
+        raise SelectionError(f"cannot select {n} of {scores.numel()} candidates")
+    return torch.topk(scores, n, sorted=False).indices
+
+
+def check_finite(t: torch.Tensor, what: str, indices: torch.Tensor | None = None) -> None:
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        where = (indices if indices is not None else torch.arange(t.numel(), device=t.device))[bad]
+        raise SelectionError(f"{what}: {int(bad.sum())} NaN/inf values (sample indices "
+                             f"{where[:5].tolist()}); check the learning rate and the inputs")
+
+
+def check_indices(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """``idx`` (CPU) when every index lies in a split of ``n`` samples, else a clear error."""
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise SelectionError(f"sample index {int(idx.max())} outside the split of {n} samples")
+    return idx
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP/compile wrappers, so scoring triggers no collective."""
+    return getattr(model, "module", None) or getattr(model, "_orig_mod", None) or model
+
+
+@torch.no_grad()
+def candidate_losses(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                     mode: str = "train", chunk: int | None = None,
+                     label_noise: float = 0.0) -> torch.Tensor:
+    """Per-sample training loss of the candidates from a no-grad forward pass (in chunks of
+    ``chunk`` samples when given), under a uniform label-noise rate ``label_noise``."""
+    m = _unwrap(model)
+    was_training = m.training
+    m.train(mode == "train")
+    try:
+        parts = images.split(chunk) if chunk else (images,)
+        logits = torch.cat([m(part).float() for part in parts])
+    finally:
+        m.train(was_training)
+    if not label_noise:
+        return F.cross_entropy(logits, labels, reduction="none")
+    p = logits.softmax(1).gather(1, labels.unsqueeze(1)).squeeze(1)
+    return -torch.log((1 - label_noise) * p + label_noise / logits.shape[1])
+
+
+def as_table(values, what: str, length: int | None, dtype=torch.float32,
+             device: str | torch.device | None = None) -> torch.Tensor | None:
+    """A per-sample array as a 1-D tensor, its length and finiteness checked."""
+    if values is None:
+        return None
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise SelectionError(f"{what} must be 1-D, one value per sample; got shape {arr.shape}")
+    if length is not None and arr.shape[0] != length:
+        raise SelectionError(f"{what} has {arr.shape[0]} values but the split has {length} samples")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise SelectionError(f"{what} contains NaN/inf (first at index "
+                             f"{int(np.flatnonzero(~np.isfinite(arr))[0])})")
+    return torch.as_tensor(arr.astype(np.float32 if dtype == torch.float32 else bool),
+                           device=device)

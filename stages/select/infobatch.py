@@ -1,0 +1,103 @@
+"""``infobatch`` (Qin et al. 2024, "InfoBatch: lossless training speed up by unbiased dynamic
+data pruning"): no scoring pass. Each sample's loss from the last step that trained it is kept;
+candidates whose stale loss is below the mean are skipped with probability ``prune``, and the
+well-learnt ones that stay are up-weighted so the step's gradient is unbiased for the whole
+candidate batch. Steps train fewer samples (the schedule is unchanged); pruning stops after
+``anneal`` of training, so the last steps see every sample."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sluice.errors import SelectionError
+from sluice.stages.contracts import SelectedBatch
+from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, SelectorContext, check_indices
+from sluice.stages.select.collectives import all_gather_1d
+
+
+@SELECTION_METHODS.register("infobatch")
+class InfoBatchSelector(BaseSelector):
+    """InfoBatch's pruning over a training stage's candidate batches (no scoring pass).
+
+    ``observe`` keeps every sample's latest training loss (all-gathered, so every rank holds the
+    same table). At each step ``n_drop = round(prune * f * n_B)`` candidates are dropped, where
+    ``f`` is the share of the split whose loss is known and below the mean: the same count on
+    every rank, so DDP ranks do equal work (a rank with too few below-mean candidates prunes
+    fewer; one of them always stays). They are drawn uniformly from this rank's
+    below-mean candidates, and the ones kept get ``1 / (1 - dropped/eligible)``; weights are
+    scaled by ``n_kept / n_B`` so ``(loss * w).mean()`` is unbiased for the mean loss of the
+    whole candidate batch (the LR schedule keeps its meaning). Samples never trained are never
+    pruned. After ``anneal`` of training (``set_progress``) every candidate is trained. The
+    table travels in the training checkpoint (``state_dict``), so a resumed run prunes on.
+    """
+
+    picks_subset = False  # prunes from the candidate batch itself: no n_b, no ratio
+
+    def __init__(self, config, ctx: SelectorContext):
+        super().__init__(config, ctx)
+        if ctx.split_size is None:
+            raise SelectionError("infobatch keeps a loss per sample: it needs split_size")
+        self.n = ctx.split_size
+        self.n_select = None
+        self.loss = torch.zeros(self.n, dtype=torch.float32)
+        self.seen = torch.zeros(self.n, dtype=torch.bool)
+        self.progress = 0.0
+        self._mean, self._below = math.inf, 0.0  # recomputed after each observe
+
+    def set_progress(self, fraction: float) -> None:
+        self.progress = float(fraction)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "loss": self.loss.clone(), "seen": self.seen.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if state["loss"].numel() != self.n:
+            raise SelectionError(f"infobatch state is for {state['loss'].numel()} samples, this "
+                                 f"split has {self.n}")
+        self.loss, self.seen = state["loss"].clone(), state["seen"].clone()
+        self._refresh()
+
+    def __call__(self, model, images, labels, indices) -> SelectedBatch:
+        n_cand = images.shape[0]
+        if n_cand < 1:
+            raise SelectionError("candidate batch is empty")
+        idx = check_indices(indices.detach().cpu(), self.n)
+        pruning = self.progress < self.config.anneal and self.config.prune > 0
+        eligible = (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
+        # at least one eligible sample stays, so its weight (1 / keep rate) is finite
+        n_drop = min(round(self.config.prune * self._below * n_cand),
+                     max(0, eligible.numel() - 1)) if pruning else 0
+        keep = torch.ones(n_cand, dtype=torch.bool)
+        w = torch.ones(n_cand, dtype=torch.float32)
+        if n_drop:
+            drop = eligible[torch.randperm(eligible.numel(), generator=self.generator)[:n_drop]]
+            keep[drop] = False
+            w[eligible] = eligible.numel() / (eligible.numel() - n_drop)
+        pos = keep.nonzero().squeeze(1)
+        w = w[pos] * (pos.numel() / n_cand)
+        dev_pos = pos.to(images.device)
+        stats = self._stats(indices, dev_pos, None)
+        stats.update(ib_pruned=float(n_drop), ib_eligible=float(eligible.numel()),
+                     ib_mean_loss=self._mean if math.isfinite(self._mean) else 0.0)
+        return SelectedBatch(images[dev_pos], labels[dev_pos], indices[dev_pos],
+                             w.to(images.device) if n_drop else None, stats)
+
+    def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
+        indices = all_gather_1d(indices.detach(), ragged=True)
+        losses = all_gather_1d(losses.detach().float(), ragged=True)
+        idx, val = indices.cpu(), losses.cpu()
+        if not torch.isfinite(val).all():
+            raise SelectionError("infobatch got NaN/inf losses to observe")
+        self.loss[idx] = val
+        self.seen[idx] = True
+        self._refresh()
+
+    def _refresh(self) -> None:
+        known = self.loss[self.seen]
+        if not known.numel():
+            self._mean, self._below = math.inf, 0.0
+            return
+        self._mean = float(known.mean())
+        self._below = float((known < self._mean).sum()) / self.n

@@ -1,0 +1,117 @@
+"""The training stage's config: what is trained, for how long, how fast, and what is kept.
+
+JSON-serialisable, so the same shape comes from YAML, a Prefect parameter or Python. Names that
+point into a registry (``model``, ``comm.mode``) are checked against it here, so an unknown one
+fails at validation, before anything runs.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sluice.stages.compute import AmpMode
+from sluice.stages.models import MODELS
+from sluice.stages.train.comm import COMM_HOOKS
+from sluice.storage.fingerprint import hash_obj
+
+
+class CommConfig(BaseModel):
+    """Gradient communication: a registered hook (``sluice.stages.train.comm``) and its knobs."""
+    model_config = ConfigDict(extra="forbid")
+    mode: str = Field("none", description="a registered compression hook: none, fp16, bf16, powersgd, ...")
+    powersgd_rank: int = Field(2, ge=1)
+    start_iter: int = Field(10, ge=0)  # plain all-reduce before this many steps
+    error_feedback: bool = True
+    warm_start: bool = True
+    # what PowerSGD sends (P, Q and the small uncompressed tensors); fp16/bf16 halve the bytes
+    powersgd_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    bucket_cap_mb: float = Field(25.0, gt=0)
+
+    @field_validator("mode")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return COMM_HOOKS.validate(v)
+
+    @model_validator(mode="after")
+    def _hook_accepts(self) -> "CommConfig":
+        COMM_HOOKS.get(self.mode).check(self)
+        return self
+
+
+# Fields that do not change what is trained: excluded from the checkpoint compatibility hash.
+OPERATIONAL = {"checkpoint_dir", "checkpoint_every_steps", "checkpoint_every_seconds", "resume",
+               "halt_at_step", "eval_every_steps", "log_every_steps", "metrics_path", "progress",
+               "torch_threads", "compile", "dist_timeout_s", "max_skipped_steps"}
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run needs.
+
+    Budget: ``max_steps`` optimizer steps if set, else ``max_seconds`` of wall-clock time if set,
+    else ``epochs`` passes over the loader; with both ``max_steps`` and ``max_seconds`` the run
+    ends at whichever comes first. The LR schedule follows the fraction of the budget used.
+    """
+    model_config = ConfigDict(extra="forbid")
+    # model
+    model: str = Field("small_cnn", description="a registered model (sluice.stages.models)")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    in_channels: int = Field(1, ge=1)
+    num_classes: int = Field(10, ge=2)
+    normalize_mean: list[float] = Field(default_factory=lambda: [0.5])
+    normalize_std: list[float] = Field(default_factory=lambda: [0.5])
+    # budget
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    max_seconds: float | None = Field(None, gt=0)
+    # optimisation
+    batch_size: int = Field(128, ge=1)  # per rank and micro-batch (used by loader specs)
+    accum_steps: int = Field(1, ge=1)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    schedule: Literal["constant", "linear", "onecycle"] = "onecycle"
+    warmup_fraction: float = Field(0.1, ge=0, lt=1)  # linear warm-up; one-cycle peak position
+    clip_grad_norm: float | None = Field(None, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    ema_decay: float | None = Field(None, gt=0, lt=1)  # evaluate an EMA of the weights
+    # speed
+    amp: AmpMode = Field("none", description="autocast dtype; 'auto' = bf16/fp16 where the "
+                         "device computes it natively, else fp32 (sluice.stages.compute)")
+    channels_last: bool = False
+    compile: bool = False
+    comm: CommConfig = Field(default_factory=CommConfig)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_threads: int | None = Field(None, ge=1)
+    dist_timeout_s: float = Field(300.0, gt=0)
+    # checkpoints, evaluation, logging
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = Field(None, ge=1)
+    checkpoint_every_seconds: float | None = Field(None, gt=0)
+    resume: bool = True  # continue from checkpoint_dir/last.pt when it exists
+    halt_at_step: int | None = Field(None, ge=1)  # checkpoint and stop here (schedule unchanged)
+    eval_every_steps: int | None = Field(None, ge=1)
+    log_every_steps: int = Field(1, ge=1)
+    metrics_path: str | None = None  # JSON lines, rank 0
+    progress: bool = True
+    max_skipped_steps: int = Field(20, ge=1)  # fp16: consecutive overflow skips before failing
+
+    @field_validator("model")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return MODELS.validate(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if len(self.normalize_mean) != len(self.normalize_std):
+            raise ValueError("normalize_mean and normalize_std must have the same length")
+        if any(s <= 0 for s in self.normalize_std):
+            raise ValueError("normalize_std must be positive")
+        return self
+
+    def compat(self, world_size: int) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this config."""
+        trained = self.model_dump(exclude=OPERATIONAL)
+        return {"model": self.model, "config_hash": hash_obj(trained), "world_size": world_size}

@@ -1,0 +1,70 @@
+"""Where a run computes and whom it talks to: rank, world size and device, and the process
+group a torchrun worker joins."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from sluice.errors import ConfigError
+from sluice.stages.train.config import TrainConfig
+
+
+@dataclasses.dataclass
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+    def tensor(self, values: list[float]) -> torch.Tensor:
+        """A float64 tensor on the device the process group communicates from."""
+        return torch.tensor(values, dtype=torch.float64, device=self.device)
+
+
+def wants_cuda(cfg: TrainConfig) -> bool:
+    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+
+
+def dist_context(cfg: TrainConfig) -> DistContext:
+    """This process's rank, world and device (CUDA per ``LOCAL_RANK``), checked against ``cfg``."""
+    want_cuda = wants_cuda(cfg)
+    if want_cuda and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but CUDA is not available")
+    if cfg.amp == "fp16" and not want_cuda:
+        raise ConfigError("amp='fp16' needs CUDA (GradScaler); use amp='bf16' on CPU")
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = 0, 1
+    if want_cuda:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return DistContext(rank, world, torch.device("cuda", local))
+    return DistContext(rank, world, torch.device("cpu"))
+
+
+def init_process_group(cfg: TrainConfig) -> None:
+    """Join torchrun's group (gloo on CPU, nccl on CUDA); nothing to do for one process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    backend = "nccl" if wants_cuda(cfg) else "gloo"
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After torchrun restarts a group (a rank was killed), peers could read the dead
+        # attempt's addresses from the agent's store and fail to connect ("Connection refused"),
+        # burning every restart in seconds. Keys prefixed by the attempt keep attempts apart.
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                             is_master=False, timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"sluice/attempt-{attempt}", base)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
