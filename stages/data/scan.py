@@ -29,15 +29,6 @@ class PlannedSample(NamedTuple):
     label: int
 
 
-class _Checked(NamedTuple):
-    """What the scan learnt of one sample: label and shape, or why it is unusable."""
-    key: str
-    where: str
-    label: int | None = None
-    shape: Shape | None = None
-    reason: str | None = None
-
-
 @dataclass
 class ScanResult:
     good: dict[str, list[PlannedSample]]  # our split -> usable samples, in split-index order
@@ -49,8 +40,10 @@ class ScanResult:
         return sum(len(v) for v in self.good.values()) + len(self.bad)
 
 
-def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[_Checked]:
-    """Decode and validate each (source split, index) of a chunk (in a pool worker)."""
+def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[tuple]:
+    """Decode and validate each (source split, index) of a chunk (in a pool worker): per sample
+    ``(key, where, label, shape, None)``, or ``(key, where, None, None, reason)`` when it is
+    unusable. Plain tuples: they cross the process boundary by the thousand."""
     out = []
     for sp, i in chunk:
         key, where = f"{sp}-{i:06d}", f"{sp}[{i}]"
@@ -58,9 +51,9 @@ def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[_Checked]:
             s = job.source.load(sp, i)
             key, where = s.key, s.where
             pixels, label = job.prepare(s)
-            out.append(_Checked(key, where, label, tuple(pixels.shape)))
+            out.append((key, where, label, pixels.shape, None))
         except SampleError as e:
-            out.append(_Checked(key, where, reason=str(e)))
+            out.append((key, where, None, None, str(e)))
     return out
 
 
@@ -77,43 +70,48 @@ def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> 
     n = sum(sizes.values())
     step = max(64, min(2000, n // (workers * 8) or 64))
     chunks = [(split, items[k:k + step]) for split, items in plan.items() for k in range(0, len(items), step)]
-    checked: dict[str, list[tuple[tuple[str, int], _Checked]]] = {s: [] for s in plan}
+    good: dict[str, list[PlannedSample]] = {s: [] for s in plan}
+    shapes: dict[str, list[tuple[Shape, str]]] = {s: [] for s in plan}  # and where each came from
+    bad: list[dict] = []
     for (split, items), res in zip(chunks, map_forked(check_chunk, job, [c for _, c in chunks], workers)):
-        checked[split] += zip(items, res)
+        g, sh = good[split], shapes[split]
+        for (sp, i), (key, where, label, shape, reason) in zip(items, res):
+            if reason is None:
+                g.append(PlannedSample(sp, i, key, label))
+                sh.append((shape, where))
+            else:
+                bad.append({"split": split, "key": key, "where": where, "reason": reason})
         progress(len(items))
-    bad = [{"split": split, "key": c.key, "where": c.where, "reason": c.reason}
-           for split, rows in checked.items() for _, c in rows if c.reason is not None]
-    usable = {split: [(src, c) for src, c in rows if c.reason is None] for split, rows in checked.items()}
-    shape = _fixed_shape(usable, bad, job.config)
-    good = {split: _dedupe([PlannedSample(sp, i, c.key, c.label) for (sp, i), c in rows])
-            for split, rows in usable.items()}
+    shape = _fixed_shape(good, shapes, bad, job.config)
+    good = {split: _dedupe(items) for split, items in good.items()}
     atomic.write_bytes(scan_path, json.dumps({"plan_sizes": sizes, "good": good, "bad": bad,
                                               "shape": list(shape) if shape else None},
                                              separators=(",", ":")).encode())
     return ScanResult(good, bad, shape)
 
 
-def _fixed_shape(usable: dict[str, list], bad: list[dict], cfg: ShardConfig) -> Shape | None:
+def _fixed_shape(good: dict[str, list[PlannedSample]], shapes: dict[str, list[tuple[Shape, str]]],
+                 bad: list[dict], cfg: ShardConfig) -> Shape | None:
     """The dataset's (H, W, C); samples of another shape are quarantined where a fixed shape is
     required (raw arrays and FFCV's ndarray field). None when RGB images may vary in size."""
-    shapes = Counter(c.shape for rows in usable.values() for _, c in rows)
-    if not shapes:
+    counts = Counter(s for sh in shapes.values() for s, _ in sh)
+    if not counts:
         return None
-    common = shapes.most_common(1)[0][0]
-    if len(shapes) == 1:
+    common = counts.most_common(1)[0][0]
+    if len(counts) == 1:
         return common
-    if cfg.encoding in ("jpg", "png") and all(s[2] == 3 for s in shapes):
+    if cfg.encoding in ("jpg", "png") and all(s[2] == 3 for s in counts):
         return None  # variable-size RGB images are fine
-    for split, rows in usable.items():
+    for split, items in good.items():
         keep = []
-        for (sp, i), c in rows:
-            if c.shape == common:
-                keep.append(((sp, i), c))
+        for g, (s, where) in zip(items, shapes[split]):
+            if s == common:
+                keep.append(g)
             else:
-                bad.append({"split": split, "key": c.key, "where": c.where,
-                            "reason": f"shape {c.shape} differs from the dataset's {common}; "
+                bad.append({"split": split, "key": g.key, "where": where,
+                            "reason": f"shape {s} differs from the dataset's {common}; "
                                       "a fixed shape is required here (set shard.image_size to resize)"})
-        usable[split] = keep
+        good[split] = keep
     return common
 
 

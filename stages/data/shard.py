@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -134,14 +134,13 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
         try:
             if map_shards is not None and tasks:
                 spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json")}
-                results = [ShardWritten.model_validate(r)
-                           for r in map_shards(spec, [t.model_dump() for t in tasks])]
+                results = [ShardWritten(**r) for r in map_shards(spec, [asdict(t) for t in tasks])]
             else:
                 results = []
                 with _bar(sum(len(t.items) for t in tasks), "writing shards", cfg.progress) as advance:
                     for r in map_forked(write_tar_shard, job, tasks, workers):
                         results.append(r)
-                        advance(len(r.task.items))
+                        advance(r.count)
         finally:
             ffcv.finish()
         manifest = _finish(work, src, ingest, cfg, fp, found, results)
@@ -172,7 +171,7 @@ def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
         _OPENED.clear()
         src = open_source(ingest)
         _OPENED[key] = ShardJob(src, cfg, src.num_classes())
-    return write_tar_shard(_OPENED[key], ShardTask.model_validate(task)).model_dump()
+    return asdict(write_tar_shard(_OPENED[key], ShardTask.from_dict(task)))
 
 
 def _samples_per_shard(job: ShardJob, good: dict[str, list[PlannedSample]]) -> int:
@@ -190,7 +189,7 @@ def _shard_tasks(job: ShardJob, found: ScanResult, work: Path) -> list[ShardTask
         (work / split).mkdir(parents=True, exist_ok=True)
         for k, start in enumerate(range(0, len(items), per)):
             tasks.append(ShardTask(split=split, shard=k, first_index=start,
-                                   items=[tuple(g) for g in items[start:start + per]],
+                                   items=[tuple(g) for g in items[start:start + per]],  # pickles faster
                                    tar=str(work / split / f"shard-{k:06d}.tar"),
                                    idx=str(work / split / f"shard-{k:06d}.idx")))
     return tasks
@@ -207,7 +206,7 @@ def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp:
     splits: dict[str, SplitRecord] = {}
     by_split: dict[str, list[ShardWritten]] = {}
     for r in results:
-        by_split.setdefault(r.task.split, []).append(r)
+        by_split.setdefault(r.split, []).append(r)
     ncls = src.num_classes()
     for split in SPLITS:
         items = found.good.get(split, [])
@@ -222,11 +221,10 @@ def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp:
         atomic.write_bytes(key_path, "".join(f"{g.key}\n" for g in items).encode())
         ffcv_rec = _record(work, d / "data.beton") if "ffcv" in cfg.formats and items else None
         shards = []
-        for r in sorted(by_split.get(split, []), key=lambda r: r.task.shard):
-            tar = _record(work, Path(r.task.tar), r.tar_sha, r.tar_bytes)
-            idx = _record(work, Path(r.task.idx), r.idx_sha, r.idx_bytes) if r.idx_sha else None
-            shards.append(ShardRecord(tar=tar, dali_index=idx, first_index=r.task.first_index,
-                                      count=len(r.task.items)))
+        for r in sorted(by_split.get(split, []), key=lambda r: r.shard):
+            tar = _record(work, Path(r.tar), r.tar_sha, r.tar_bytes)
+            idx = _record(work, Path(r.idx), r.idx_sha, r.idx_bytes) if r.idx_sha else None
+            shards.append(ShardRecord(tar=tar, dali_index=idx, first_index=r.first_index, count=r.count))
         counts = np.bincount(labels, minlength=ncls or 0).tolist() if len(labels) else [0] * (ncls or 0)
         splits[split] = SplitRecord(count=len(items), shards=shards, ffcv=ffcv_rec,
                                     labels=_record(work, lab_path), keys=_record(work, key_path),

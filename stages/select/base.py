@@ -14,7 +14,7 @@ Sluice: the same decorator in your module, or an entry point in group
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from sluice.errors import SelectionError
 from sluice.plugins import PluginRegistry
 from sluice.stages.contracts import SelectedBatch
+
+if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
+    from sluice.stages.select.config import SelectionConfig
 
 SELECTION_METHODS: PluginRegistry[type["BaseSelector"]] = PluginRegistry(
     "selection_methods", "selection method")
@@ -45,7 +48,7 @@ class BaseSelector:
     picks_subset: ClassVar[bool] = True   # trains n_b of the n_B candidates (ratio applies)
     needs_il: ClassVar[bool] = False      # refuses to build without irreducible-loss scores
 
-    def __init__(self, config, ctx: SelectorContext):
+    def __init__(self, config: "SelectionConfig", ctx: SelectorContext):
         self.config = config
         self.n_select = ctx.n_select
         self._il = ctx.il
@@ -53,12 +56,12 @@ class BaseSelector:
         self.generator = torch.Generator().manual_seed(config.seed)
 
     @classmethod
-    def build(cls, config, ctx: SelectorContext) -> "BaseSelector":
+    def build(cls, config: "SelectionConfig", ctx: SelectorContext) -> "BaseSelector":
         """The selector for ``config`` (override to check or prepare more)."""
         return cls(config, ctx)
 
     @classmethod
-    def for_training_stage(cls, config):
+    def for_training_stage(cls, config: "SelectionConfig") -> "SelectionConfig":
         """The config this method runs with inside the training stage, whose loader hands it
         uniform candidate batches (importance sampling redraws from them)."""
         return config

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
-
-from pydantic import BaseModel
 
 from sluice.storage import atomic
 from sluice.storage.fingerprint import sha256_file
@@ -91,19 +90,31 @@ class TarShardWriter:
 TAR_OVERHEAD = 512 + 256  # header plus mean padding per member
 
 
-class ShardTask(BaseModel):
-    """One tar shard to write (and its DALI index): plain data, so any executor can run it."""
+@dataclass
+class ShardTask:
+    """One tar shard to write (and its DALI index): plain data, so any executor can run it
+    (``asdict`` / ``ShardTask.from_dict`` across a Prefect or Dask boundary)."""
     split: str
     shard: int
     first_index: int  # split index of its first sample
-    items: list[tuple[str, int, str, int]]  # PlannedSample fields: source split, index, key, label
+    items: list  # PlannedSample (source split, source index, key, label), in split-index order
     tar: str
     idx: str
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardTask":
+        return cls(**{**d, "items": [tuple(it) for it in d["items"]]})
 
-class ShardWritten(BaseModel):
-    """What writing (or finding) a shard produced: its files' sizes and sha256."""
-    task: ShardTask
+
+@dataclass
+class ShardWritten:
+    """What writing (or finding) a shard produced: where it is and its files' sizes and sha256."""
+    split: str
+    shard: int
+    first_index: int
+    count: int
+    tar: str
+    idx: str
     reused: bool
     tar_sha: str
     tar_bytes: int
@@ -115,8 +126,10 @@ def write_tar_shard(job: "ShardJob", task: ShardTask) -> ShardWritten:
     """Write one tar shard (and its DALI index) atomically; reuse it if a past run finished it."""
     tar_path, idx_path = Path(task.tar), Path(task.idx)
     want_idx = "dali" in job.config.formats
+    where = dict(split=task.split, shard=task.shard, first_index=task.first_index,
+                 count=len(task.items), tar=task.tar, idx=task.idx)
     if tar_path.exists() and (idx_path.exists() or not want_idx):
-        return ShardWritten(task=task, reused=True, tar_sha=sha256_file(tar_path),
+        return ShardWritten(**where, reused=True, tar_sha=sha256_file(tar_path),
                             tar_bytes=tar_path.stat().st_size,
                             idx_sha=sha256_file(idx_path) if want_idx else None,
                             idx_bytes=idx_path.stat().st_size if want_idx else None)
@@ -129,7 +142,7 @@ def write_tar_shard(job: "ShardJob", task: ShardTask) -> ShardWritten:
                 w.add_sample(key, job.members(s, pixels, label, task.first_index + n))
             w.close()
             f.flush()
-        out = ShardWritten(task=task, reused=False, tar_sha=w.sha.hexdigest(), tar_bytes=w.offset)
+        out = ShardWritten(**where, reused=False, tar_sha=w.sha.hexdigest(), tar_bytes=w.offset)
         if want_idx:  # the index lands before its tar, so a finished tar always has one
             data = w.dali_index()
             atomic.write_bytes(idx_path, data)

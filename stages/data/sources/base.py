@@ -84,3 +84,38 @@ class Source:
 
     def fingerprint(self) -> str:
         raise NotImplementedError
+
+
+class ArraySource(Source):
+    """A source whose splits are arrays in memory (``_images`` / ``_labels`` per split): IDX
+    files and ``.npz`` archives. Subclasses fill them and say where a sample came from."""
+    _images: dict[str, np.ndarray]
+    _labels: dict[str, np.ndarray]
+    _class_names: list[str]
+    _num_classes: int | None
+
+    def where(self, split: str, i: int) -> str:
+        raise NotImplementedError
+
+    def split_sizes(self) -> dict[str, int]:
+        return {s: len(v) for s, v in self._labels.items()}
+
+    def load(self, split: str, i: int) -> RawSample:
+        img = self._images[split][i]
+        if img.ndim == 2:
+            img = img[:, :, None]
+        return RawSample(key=f"{split}-{i:06d}", label=self._labels[split][i], array=img,
+                         where=self.where(split, i))
+
+    def num_classes(self) -> int | None:
+        if self._num_classes:
+            return self._num_classes
+        if self._class_names:
+            return len(self._class_names)
+        labels = self._labels["train"]
+        if labels.dtype.kind in "iu" and len(labels):
+            return int(labels.max()) + 1
+        return None
+
+    def class_names(self) -> list[str]:
+        return list(self._class_names)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from sluice.errors import SourceError
-from sluice.stages.data.sources.base import SOURCES, RawSample, Source
+from sluice.stages.data.sources.base import SOURCES, ArraySource
 from sluice.storage.fingerprint import hash_files
 
 
@@ -44,7 +44,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 @SOURCES.register("idx")
-class IdxSource(Source):
+class IdxSource(ArraySource):
     """MNIST-format IDX files: images (N, H, W) uint8 and labels (N,)."""
     kind = "idx"
     detect_order = 20
@@ -88,25 +88,8 @@ class IdxSource(Source):
         self._num_classes = num_classes
         self._class_names = class_names or []
 
-    def split_sizes(self) -> dict[str, int]:
-        return {s: len(v) for s, v in self._labels.items()}
-
-    def load(self, split: str, i: int) -> RawSample:
-        img = self._images[split][i]
-        if img.ndim == 2:
-            img = img[:, :, None]
-        return RawSample(key=f"{split}-{i:06d}", label=self._labels[split][i], array=img,
-                         where=f"{self._files[split][0]}[{i}]")
-
-    def num_classes(self) -> int | None:
-        if self._num_classes:
-            return self._num_classes
-        if self._class_names:
-            return len(self._class_names)
-        return int(self._labels["train"].max()) + 1 if len(self._labels["train"]) else None
-
-    def class_names(self) -> list[str]:
-        return list(self._class_names)
+    def where(self, split: str, i: int) -> str:
+        return f"{self._files[split][0]}[{i}]"
 
     def fingerprint(self) -> str:
         return hash_files([p for pair in self._files.values() for p in pair])

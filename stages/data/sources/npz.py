@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from sluice.errors import SourceError
-from sluice.stages.data.sources.base import SOURCES, RawSample, Source
+from sluice.stages.data.sources.base import SOURCES, ArraySource
 from sluice.storage.fingerprint import hash_files
 
 
 @SOURCES.register("npz")
-class NpzSource(Source):
+class NpzSource(ArraySource):
     """An ``.npz`` with ``images`` (N, H, W[, C]) uint8 and ``labels`` (N,)."""
     kind = "npz"
     detect_order = 10
@@ -55,28 +55,8 @@ class NpzSource(Source):
         self._class_names = [str(n) for n in names] if names is not None else []
         self._num_classes = num_classes
 
-    def split_sizes(self) -> dict[str, int]:
-        return {s: len(v) for s, v in self._labels.items()}
-
-    def load(self, split: str, i: int) -> RawSample:
-        img = self._images[split][i]
-        if img.ndim == 2:
-            img = img[:, :, None]
-        return RawSample(key=f"{split}-{i:06d}", label=self._labels[split][i], array=img,
-                         where=f"{self.path}[{split}][{i}]")
-
-    def num_classes(self) -> int | None:
-        if self._num_classes:
-            return self._num_classes
-        if self._class_names:
-            return len(self._class_names)
-        labels = self._labels["train"]
-        if labels.dtype.kind in "iu" and len(labels):
-            return int(labels.max()) + 1
-        return None
-
-    def class_names(self) -> list[str]:
-        return list(self._class_names)
+    def where(self, split: str, i: int) -> str:
+        return f"{self.path}[{split}][{i}]"
 
     def fingerprint(self) -> str:
         return hash_files([self.path])
