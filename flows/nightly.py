@@ -133,15 +133,22 @@ def _progress(metrics: Path, log, every_s: float = 15.0):
 
 @task(name="train", retries=1, retry_delay_seconds=10)
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
-    """torchrun with ``nproc`` ranks; a retry resumes from the run's last checkpoint."""
+    """torchrun with ``nproc`` ranks on this machine, or on each of ``launch.nodes``; a retry
+    resumes from the run's last checkpoint."""
     from sluice.stages.train.launch import launch
+    from sluice.stages.train.nodes import launch_nodes
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
     log = get_run_logger()
     job = training_job(c, data, il["path"] if il else None)
+    on_line = lambda line: log.info(line.rstrip()) if line.strip() else None  # noqa: E731
     with _progress(Path(run_dir) / "metrics.jsonl", log):
-        result = launch(job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
-                        on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
+        if c.launch.nodes:
+            result = launch_nodes(job, c.launch, nproc=c.nproc, out_dir=run_dir,
+                                  timeout_s=c.train_timeout_s, on_line=on_line)
+        else:
+            result = launch(job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
+                            max_restarts=c.launch.max_restarts, on_line=on_line)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,
             "summary": result.summary, "evals": result.evals, "metrics_path": str(Path(run_dir) / "metrics.jsonl")}

@@ -20,6 +20,7 @@ from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import CommConfig, TrainConfig
 from sluice.stages.train.job import TrainJob
+from sluice.stages.train.nodes import LaunchConfig
 
 
 class PromotionConfig(BaseModel):
@@ -71,7 +72,12 @@ class PipelineConfig(BaseModel):
     selection: SelectionConfig = Field(default_factory=_default_selection)
     train: TrainConfig = Field(default_factory=_default_train)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
-    nproc: int = Field(2, ge=1, description="training processes (torchrun ranks) on this machine")
+    nproc: int = Field(2, ge=1, description="training processes (torchrun ranks) per node: on this "
+                                            "machine, or on each of launch.nodes")
+    launch: LaunchConfig = Field(default_factory=LaunchConfig,
+                                 description="where training runs: this machine (no nodes) or a list "
+                                             "of nodes joined by torchrun's c10d rendezvous; not part "
+                                             "of the trained config, so a checkpoint resumes anywhere")
     prepare_runner: str = Field("local", pattern=r"^(local|threads|processes|dask://[^\s]+)$",
                                 description="where shard writes run: local (the stage's own process pool), "
                                             "threads or processes (Prefect task runners), or "

@@ -104,17 +104,8 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
     ``out_dir`` resumes from its checkpoint.
     """
     job = as_job(job)
-    cfg = job.config
     if nproc < 1 or nnodes < 1:
         raise ConfigError(f"nproc and nnodes must be >= 1, got {nproc}, {nnodes}")
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="sluice-train-"))
-    out.mkdir(parents=True, exist_ok=True)
-    updates: dict[str, Any] = {}
-    if cfg.checkpoint_dir is None:
-        updates["checkpoint_dir"] = str(out / "checkpoints")
-    if cfg.metrics_path is None:
-        updates["metrics_path"] = str(out / "metrics.jsonl")
-    job = job.model_copy(update={"config": cfg.model_copy(update=updates)})
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several nodes need rdzv_endpoint='host:port' (node 0's address)")
     endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
@@ -123,15 +114,33 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
         raise ConfigError(f"rdzv_endpoint must be 'host:port', got {endpoint!r}")
     if node_rank > 0:  # node 0 hosts the store; the others must reach it in bounded time
         wait_reachable(host, int(port), rdzv_timeout_s)
+    out, job_path = prepare_run(job, out_dir)
+    run_id = f"sluice-{uuid.uuid4().hex[:8]}" if nnodes == 1 else f"sluice-{port}"
+    cmd = torchrun_command(job_path, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
+    rc, tail = _run(cmd, out / "torchrun.log", timeout_s, env, on_line)
+    return _collect(out, rc, tail, endpoint)
+
+
+def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None) -> tuple[Path, Path]:
+    """Validate ``job``, point its checkpoints and metrics into ``out_dir`` (default: a new
+    temp directory) unless set, clear the last attempt's result and error, and write
+    ``job.json``; returns (out_dir, job.json)."""
+    job = as_job(job)
+    cfg = job.config
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="sluice-train-"))
+    out.mkdir(parents=True, exist_ok=True)
+    updates: dict[str, Any] = {}
+    if cfg.checkpoint_dir is None:
+        updates["checkpoint_dir"] = str(out / "checkpoints")
+    if cfg.metrics_path is None:
+        updates["metrics_path"] = str(out / "metrics.jsonl")
+    job = job.model_copy(update={"config": cfg.model_copy(update=updates)})
     for stale in (FATAL, RESULT):
         with contextlib.suppress(FileNotFoundError):
             (out / stale).unlink()
     job_path = out / JOB
     write_json(job_path, job.model_dump(mode="json"))
-    run_id = f"sluice-{uuid.uuid4().hex[:8]}" if nnodes == 1 else f"sluice-{port}"
-    cmd = torchrun_command(job_path, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
-    rc, tail = _run(cmd, out / "torchrun.log", timeout_s, env, on_line)
-    return _collect(out, rc, tail, endpoint)
+    return out, job_path
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str] | None,

@@ -47,8 +47,10 @@ def worker(job_path: str) -> int:
         job = read_job(Path(job_path))
         cfg = job.config
         if cfg.torch_threads is None:
+            # the cores this process may run on (a node pinned by taskset has fewer than the host)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            torch.set_num_threads(max(1, (cores or 1) // local))
         init_process_group(cfg)
         world = dist.get_world_size() if dist.is_initialized() else 1
         (out / "pids").mkdir(parents=True, exist_ok=True)
