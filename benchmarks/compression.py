@@ -13,6 +13,12 @@ test images (~3 minutes) — a smoke run whose accuracies are not yet comparable
     python -m benchmarks.compression [--quick]
 
 Writes ``benchmarks/results/compression.json`` keyed by mode.
+
+With ``--link RATE [RATE ...]`` (100mbit, 1gbit, 10gbit) the modes run instead on two simulated
+nodes over a link shaped to each rate and report time to the target accuracy
+(``benchmarks/compression_links.py``; needs root for the network namespaces):
+
+    python -m benchmarks.compression --link 100mbit 1gbit 10gbit     # compression_links.json
 """
 from __future__ import annotations
 
@@ -104,8 +110,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, help="override the step budget")
     ap.add_argument("--start-iter", type=int,
                     help="PowerSGD: plain all-reduce steps before compressing (default 50; quick 10)")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--link", nargs="+", metavar="RATE",
+                    help="run on two simulated nodes over a link of each RATE (100mbit 1gbit 10gbit)")
+    ap.add_argument("--models", nargs="+", help="--link: which models (small_cnn_dense, resnet_small)")
+    ap.add_argument("--seeds", type=int, default=3, help="--link: seeds 0..N-1 (default 3)")
     a = ap.parse_args(argv)
+    if a.link:
+        from benchmarks import compression_links
+        return compression_links.main(a, argv if argv is not None else sys.argv[1:])
+    a.out = a.out or str(RESULTS)
     res = run(a.quick, a.only, a.steps, a.start_iter)
     print(table(res))
     ratio = {k: round(v["uncompressed_bytes"] / v["bytes_per_step"], 1) for k, v in res.items()}

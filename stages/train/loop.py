@@ -260,10 +260,12 @@ class TrainingRun:
         step_s = time.perf_counter() - t0
         self.elapsed += step_s
         sent = self.hook.take_bytes() if self.d.on else 0
+        busy = self.hook.take_busy_s() if self.d.on else 0.0  # the hook's thread (compress + wire)
         rec = {"step": self.step, "epoch": self.epoch, "loss": stats[0].item(), "lr": lr,
                "samples_per_s": stats[2].item() / step_s, "step_s": step_s, "data_s": data_s,
                "data_wait_frac": data_s / step_s, "select_s": select_s,
                "bytes_comm": sent, "bytes_uncompressed": self.full_bytes if self.d.on else 0,
+               "comm_busy_s": busy,
                "elapsed_s": self.elapsed}
         if scale is not None:
             rec["grad_scale"] = scale

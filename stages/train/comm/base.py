@@ -2,13 +2,18 @@
 
 Why our own hooks: on torch 2.13 with ``gloo`` the built-in ``powerSGD_hook`` fails with a
 collective mismatch as soon as DDP has more than one bucket, ``batched_powerSGD_hook`` fails,
-and ``bf16_compress_hook`` refuses gloo. Each hook here issues *blocking* ``all_reduce`` calls
-inside the bucket callback, so every rank runs the same collectives in the same order whatever
-the bucket layout, on ``gloo`` (CPU) and ``nccl`` (CUDA) alike. A bucket's future is returned
-already completed.
+and ``bf16_compress_hook`` refuses gloo. Here each bucket's work (compression and its blocking
+``all_reduce`` calls) runs on one communication thread per hook, in the order DDP hands the
+buckets over (bucket index order, the same on every rank), so every rank runs the same
+collectives in the same order whatever the bucket layout, on ``gloo`` (CPU) and ``nccl`` (CUDA)
+alike. The hook returns at once with a future the thread completes, so — as DDP's own
+all-reduce does — communication overlaps the rest of the backward pass; DDP waits for every
+bucket's future before ``backward()`` returns, so nothing else is in flight when the loop
+issues its own collectives.
 
-Every hook counts the bytes it all-reduces; ``take_bytes()`` is read by the train loop once per
-optimizer step. Hook state is exposed as plain tensors for ``weights_only=True`` checkpoints,
+Every hook counts the bytes it all-reduces and the seconds its thread was busy (compressing
+or waiting on the network); ``take_bytes()`` and ``take_busy_s()`` are read by the train loop
+once per optimizer step. Hook state is exposed as plain tensors for ``weights_only=True`` checkpoints,
 keyed by parameter, not by bucket, so it survives DDP's bucket rebuild after the first
 iteration and a resume in a new process.
 
@@ -18,6 +23,9 @@ and one import line in ``comm/__init__.py`` (outside Sluice: an entry point in g
 """
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,13 +37,6 @@ if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
     from sluice.stages.train.config import CommConfig
 
 COMM_HOOKS: PluginRegistry[type["CommHook"]] = PluginRegistry("comm_hooks", "gradient compression hook")
-
-
-def completed(t: torch.Tensor) -> torch.futures.Future:
-    """A future already holding ``t`` (what DDP expects a hook to return)."""
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(t)
-    return fut
 
 
 def uncompressed_bytes(model: torch.nn.Module) -> int:
@@ -56,7 +57,9 @@ class CommHook:
         self.config, self.seed, self.group = config, seed, group
         self.iter = 0  # optimizer steps (synchronising backwards) seen
         self.bytes_sent = 0  # all-reduced payload bytes since the last ``take_bytes``
+        self.busy_s = 0.0  # seconds the communication thread worked since ``take_busy_s``
         self._pkeys: dict[int, int] = {}
+        self._work: queue.SimpleQueue | None = None
 
     @classmethod
     def check(cls, config: "CommConfig") -> None:
@@ -74,6 +77,11 @@ class CommHook:
         b, self.bytes_sent = self.bytes_sent, 0
         return b
 
+    def take_busy_s(self) -> float:
+        """Seconds the communication thread spent on buckets since the last call."""
+        s, self.busy_s = self.busy_s, 0.0
+        return s
+
     def state_dict(self) -> dict[str, Any]:
         """Plain tensors and ints only, loadable with ``weights_only=True``."""
         return {"mode": self.config.mode, "iter": self.iter}
@@ -87,10 +95,29 @@ class CommHook:
     # ---- the hook ---------------------------------------------------------------------
     @staticmethod
     def _hook(self, bucket):  # no annotations: DDP rejects string (postponed) annotations
-        self.reduce(bucket)
-        if bucket.is_last():
-            self.iter += 1
-        return completed(bucket.buffer())
+        if self._work is None:
+            self._work = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(self._work,), name="sluice-comm",
+                             daemon=True).start()
+        fut: torch.futures.Future = torch.futures.Future()
+        self._work.put((bucket, fut))
+        return fut
+
+    def _serve(self, work: queue.SimpleQueue) -> None:
+        """The communication thread: buckets one at a time, in the order DDP handed them over."""
+        while True:
+            bucket, fut = work.get()
+            t = time.perf_counter()
+            try:
+                self.reduce(bucket)
+                if bucket.is_last():
+                    self.iter += 1
+            except BaseException as e:  # noqa: BLE001 - DDP re-raises it in backward()
+                fut.set_exception(e)
+                continue
+            finally:
+                self.busy_s += time.perf_counter() - t
+            fut.set_result(bucket.buffer())
 
     def reduce(self, bucket: dist.GradBucket) -> None:
         raise NotImplementedError

@@ -1,0 +1,277 @@
+"""Gradient compression where bytes cost time: two simulated nodes (deploy/simcluster: one
+network namespace and one core each) joined by a link shaped to 100 Mbit/s, 1 Gbit/s or
+10 Gbit/s, one DDP rank per node over gloo, through ``sluice.stages.train.nodes.launch_nodes``
+(real torchrun, c10d rendezvous on node 0). Run as ``python -m benchmarks.compression --link ...``.
+
+Per link rate, model and mode it reports wall-clock seconds to the target accuracy, bytes per
+step, the fraction of step time spent communicating and the final accuracy:
+
+* target: the uncompressed run's final accuracy minus 1 point (same seed); ``seconds_to_target``
+  is the training clock (eval time excluded, every step counted) at the first evaluation that
+  reaches it. The PowerSGD goal compares it with the uncompressed run's whole training clock.
+* ``comm_fraction``: 1 - (the compute-only step time) / (the mode's step time), where the
+  compute-only step is the same model and per-rank batch on one node with no DDP (measured in
+  the same sweep): the share of a step that communication, compression and waiting for the
+  peer add. ``hook_busy_fraction``: the share of the step the compression thread was busy.
+* ``none`` is DDP's own bucketed all-reduce (overlapped with the backward pass); PowerSGD's hook
+  overlaps the same way (its thread takes buckets as DDP hands them over).
+
+Budgets are fixed before the run: the same steps, batch, learning-rate schedule, evaluation
+cadence and test images for every mode; seeds 0, 1, 2; rates, models and modes interleaved
+within each seed (mode order alternating) so the host's drift falls on all of them alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import host_info, table
+from deploy.simcluster import SimCluster, netadmin_missing, rate_bits
+from sluice.stages.train.launch import make_job, prepare_run
+from sluice.stages.train.loop import TrainResult
+from sluice.stages.train.nodes import launch_nodes
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RATES = ("100mbit", "1gbit", "10gbit")
+MODELS: dict[str, dict[str, Any]] = {
+    # the dense-head SmallCNN: 871k parameters (3.5 MB of fp32 gradient), 92% in one matrix
+    "small_cnn_dense": {"model": "small_cnn", "model_kwargs": {"width": 32, "hidden": 256},
+                        "batch_size": 64, "steps": 300},
+    # a ResNet-9-like net at width 40: 1.03M parameters (4.1 MB) in 3x3 convolutions
+    "resnet_small": {"model": "resnet_small", "model_kwargs": {"width": 40},
+                     "batch_size": 32, "steps": 200},
+}
+START_ITER = 20
+MODES = {"none": {"mode": "none"},
+         "powersgd_rank2": {"mode": "powersgd", "powersgd_rank": 2, "start_iter": START_ITER,
+                            "error_feedback": True, "warm_start": True}}
+EVAL_EVERY = 25
+TEST_IMAGES = 5000
+COMPUTE_STEPS = 40
+PROBE = ("import socket,time\ns=socket.socket();s.bind(('0.0.0.0',5001));s.listen();c,_=s.accept()\n"
+         "n,t=0,time.time()\nwhile (d:=c.recv(1<<20)):\n    n+=len(d)\nprint(n*8/(time.time()-t)/1e6)")
+SEND = ("import socket,time\nfor _ in range(100):\n    try:\n        c=socket.create_connection(('{a}',5001));break\n"
+        "    except OSError: time.sleep(0.05)\nb=b'x'*(1<<20)\nfor _ in range({mb}): c.sendall(b)\nc.close()")
+
+
+def base_config(model: str, seed: int, steps: int) -> dict[str, Any]:
+    m = MODELS[model]
+    return {"model": m["model"], "model_kwargs": m["model_kwargs"], "max_steps": steps,
+            "batch_size": m["batch_size"], "lr": 0.1, "schedule": "onecycle",
+            "warmup_fraction": 0.15, "weight_decay": 5e-4, "seed": seed, "progress": False,
+            "torch_threads": 1, "log_every_steps": 1, "channels_last": True,
+            "normalize_mean": [0.2860], "normalize_std": [0.3530],
+            "eval_every_steps": EVAL_EVERY}
+
+
+def data_specs(quick: bool) -> tuple[dict, dict]:
+    return ({"kind": "arrays", "path": "fashion-mnist:train"},
+            {"kind": "arrays", "path": "fashion-mnist:test", "batch_size": 500,
+             "limit": 2000 if quick else TEST_IMAGES})
+
+
+def probe_link(c: SimCluster) -> float:
+    """Measured TCP throughput node 1 -> node 0, Mbit/s (one stream, ~1.5 s)."""
+    mb = int(min(1000, max(8, rate_bits(c.rate or "10gbit") / 8 / 1e6 * 1.5))) if c.rate else 1000
+    srv = c.nodes[0].popen([sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True)
+    c.nodes[1].run([sys.executable, "-c", SEND.format(a=c.nodes[0].address, mb=mb)], check=True, timeout=120)
+    return float(srv.communicate(timeout=120)[0])
+
+
+def compute_only(c: SimCluster, model: str, seed: int, specs: tuple[dict, dict], out: Path) -> float:
+    """Median step time of the same model and per-rank batch on node 0 alone (no DDP)."""
+    cfg = {**base_config(model, seed, COMPUTE_STEPS), "eval_every_steps": None}
+    _, job = prepare_run(make_job(cfg, specs[0], None), out)
+    r = c.nodes[0].run([sys.executable, "-m", "sluice.stages.train.worker", "--job", str(job)],
+                       capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        raise RuntimeError(f"compute-only run failed:\n{(r.stdout + r.stderr)[-3000:]}")
+    res = TrainResult.from_dict(json.loads((out / "result.json").read_text()))
+    return statistics.median(m["step_s"] for m in res.metrics[5:])
+
+
+def one_run(c: SimCluster, model: str, mode: str, seed: int, steps: int, specs: tuple[dict, dict],
+            out: Path) -> dict[str, Any]:
+    cfg = {**base_config(model, seed, steps), "comm": MODES[mode]}
+    t0 = time.time()
+    r = launch_nodes(make_job(cfg, *specs), {"nodes": [n.spec() for n in c.nodes], "rdzv_timeout_s": 120},
+                     nproc=1, out_dir=out, timeout_s=3600, on_line=lambda line: None)
+    ms = r.metrics
+    steady = [m for m in ms[5:] if mode == "none" or m["step"] > START_ITER + 2] or ms
+    return {"final_acc": r.final_acc, "steps": r.steps, "train_clock_s": r.summary["elapsed_s"],
+            "wall_s": time.time() - t0,
+            "step_s": statistics.median(m["step_s"] for m in steady),
+            "bytes_per_step": statistics.median(m["bytes_comm"] for m in steady),
+            "bytes_per_step_whole_run": r.summary["bytes_per_step"],
+            "uncompressed_bytes": r.summary["uncompressed_bytes"],
+            "hook_busy_fraction": statistics.median(m["comm_busy_s"] / m["step_s"] for m in steady),
+            "evals": [(e["step"], e["elapsed_s"], e["acc"]) for e in r.evals],
+            "param_digests_equal": len(set(r.summary["param_digests"])) == 1}
+
+
+def seconds_to(evals: list[tuple[int, float, float]], target: float) -> float | None:
+    return next((t for _, t, acc in evals if acc >= target - 1e-9), None)
+
+
+def _agg(xs: list[float | None]) -> dict[str, Any]:
+    vals = [x for x in xs if x is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0, "missing": len(xs)}
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
+            "missing": len(xs) - len(vals)}
+
+
+def summarise(raw: dict, compute: dict, links: dict) -> dict[str, Any]:
+    """Per rate, model and mode: medians (min-max) over seeds, and each seed's figures."""
+    out: dict[str, Any] = {}
+    for rate, per_model in raw.items():
+        for model, per_mode in per_model.items():
+            seeds = sorted(per_mode["none"])
+            for mode, runs in per_mode.items():
+                rows = []
+                for s in seeds:
+                    if s not in runs or "error" in runs[s] or "error" in per_mode["none"].get(s, {}):
+                        continue
+                    run, base = runs[s], per_mode["none"][s]
+                    target = base["final_acc"] - 0.01
+                    stt = seconds_to(run["evals"], target)
+                    rows.append({"seed": s, "target_acc": target, "seconds_to_target": stt,
+                                 "vs_uncompressed_wall": None if stt is None else stt / base["train_clock_s"],
+                                 "comm_fraction": max(0.0, 1 - compute[model][s] / run["step_s"]),
+                                 **{k: run[k] for k in ("final_acc", "step_s", "bytes_per_step",
+                                                        "bytes_per_step_whole_run", "train_clock_s",
+                                                        "hook_busy_fraction", "param_digests_equal")}})
+                agg = {k: _agg([r[k] for r in rows]) for k in (
+                    "seconds_to_target", "vs_uncompressed_wall", "bytes_per_step", "comm_fraction",
+                    "final_acc", "step_s", "train_clock_s", "hook_busy_fraction")}
+                out.setdefault(rate, {"measured_mbit": _agg(links.get(rate, []))}).setdefault(model, {})[mode] = {
+                    **{k: v["median"] for k, v in agg.items()}, "spread": agg, "seeds": rows}
+    return out
+
+
+def crossover(summary: dict[str, Any], model: str) -> dict[str, Any]:
+    """Where PowerSGD stops winning: the bracket between measured rates, and the rate where
+    the per-step times, fitted as a + b/throughput over the measured throughputs, cross."""
+    pts = []
+    for rate, per in summary.items():
+        m = per.get(model, {})
+        if "none" in m and "powersgd_rank2" in m and per["measured_mbit"]["median"]:
+            pts.append((rate_bits(rate), per["measured_mbit"]["median"], m["none"], m["powersgd_rank2"]))
+    pts.sort()
+    wins = {f"{r / 1e6:g}mbit": (p["seconds_to_target"] is not None and n["seconds_to_target"] is not None
+                                 and p["seconds_to_target"] < n["seconds_to_target"]) for r, _, n, p in pts}
+    fit = None
+    if len(pts) >= 2:
+        import numpy as np
+        x = np.array([1 / mbit for _, mbit, _, _ in pts])
+        bn, an = np.polyfit(x, [n["step_s"] for *_, n, _ in pts], 1)
+        bp, ap = np.polyfit(x, [p["step_s"] for *_, p in pts], 1)
+        if bn != bp and (ap - an) / (bn - bp) > 0:
+            fit = 1 / ((ap - an) / (bn - bp))  # Mbit/s of measured throughput
+    return {"powersgd_faster_to_target": wins, "fitted_crossover_mbit": fit}
+
+
+def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> dict[str, Any]:
+    specs = data_specs(quick)
+    raw: dict = {r: {m: {k: {} for k in MODES} for m in models} for r in rates}
+    compute: dict = {m: {} for m in models}
+    links: dict = {r: [] for r in rates}
+    order = []
+    with tempfile.TemporaryDirectory(prefix="sluice-links-") as tmp:
+        for seed in seeds:
+            for i, rate in enumerate(rates):
+                with SimCluster(2, rate=rate) as c:
+                    links[rate].append(probe_link(c))
+                    print(f"seed {seed} {rate}: measured {links[rate][-1]:.0f} Mbit/s", flush=True)
+                    for model in models:
+                        steps = 40 if quick else MODELS[model]["steps"]
+                        if seed not in compute[model]:
+                            compute[model][seed] = compute_only(c, model, seed, specs,
+                                                                Path(tmp) / f"compute-{model}-{seed}")
+                            print(f"  {model}: compute-only {compute[model][seed]:.3f} s/step", flush=True)
+                        modes = list(MODES) if (seed + i) % 2 == 0 else list(reversed(MODES))
+                        for mode in modes:
+                            order.append(f"seed{seed}/{rate}/{model}/{mode}")
+                            try:
+                                res = one_run(c, model, mode, seed, steps, specs,
+                                              Path(tmp) / f"{seed}-{rate}-{model}-{mode}")
+                            except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+                                res = {"error": f"{type(e).__name__}: {e}"[:2000]}
+                                print(f"  {model} {mode}: FAILED {res['error'][:300]}", flush=True)
+                            else:
+                                print(f"  {model} {mode}: acc {res['final_acc']:.4f}, {res['step_s']:.3f} s/step, "
+                                      f"{res['bytes_per_step'] / 1e6:.2f} MB/step, clock {res['train_clock_s']:.0f} s",
+                                      flush=True)
+                            raw[rate][model][mode][seed] = res
+    return {"raw": raw, "compute_only_step_s": compute, "link_mbit": links, "order": order}
+
+
+def report(summary: dict[str, Any], models: list[str]) -> str:
+    rows = []
+    for rate, per in summary.items():
+        for model in models:
+            for mode, v in per.get(model, {}).items():
+                rows.append({"link": rate, "Mbit/s": per["measured_mbit"]["median"], "model": model, "mode": mode,
+                             "s_to_target": v["seconds_to_target"], "vs_none_wall": v["vs_uncompressed_wall"],
+                             "MB/step": None if v["bytes_per_step"] is None else v["bytes_per_step"] / 1e6,
+                             "comm_frac": v["comm_fraction"], "s/step": v["step_s"], "acc": v["final_acc"]})
+    return table(rows, ["link", "Mbit/s", "model", "mode", "s_to_target", "vs_none_wall", "MB/step",
+                        "comm_frac", "s/step", "acc"])
+
+
+def goals(summary: dict[str, Any], models: list[str]) -> dict[str, Any]:
+    out = {}
+    for model in models:
+        g: dict[str, Any] = {}
+        slow = summary.get("100mbit", {}).get(model)
+        if slow:
+            v = slow["powersgd_rank2"]["vs_uncompressed_wall"]
+            g["100mbit_powersgd_vs_uncompressed_wall"] = {"median": v, "goal": "<= 0.4",
+                                                          "met": v is not None and v <= 0.4}
+        mid = summary.get("1gbit", {}).get(model)
+        if mid:
+            p, n = mid["powersgd_rank2"]["seconds_to_target"], mid["none"]["seconds_to_target"]
+            g["1gbit_powersgd_not_slower"] = {"powersgd_s": p, "none_s": n, "goal": "powersgd <= none",
+                                              "met": p is not None and n is not None and p <= n}
+        g["crossover"] = crossover(summary, model)
+        out[model] = g
+    return out
+
+
+def main(args: argparse.Namespace, argv: list[str]) -> None:
+    reason = netadmin_missing()
+    if reason:
+        print(f"skipped: the link benchmark needs a simulated cluster ({reason})")
+        return
+    rates = args.link or list(RATES)
+    models = args.models or list(MODELS)
+    seeds = list(range(1 if args.quick else args.seeds))
+    t0 = time.time()
+    res = run(rates, models, seeds, args.quick)
+    summary = summarise(res["raw"], res["compute_only_step_s"], res["link_mbit"])
+    g = goals(summary, models)
+    print(report(summary, models))
+    print(json.dumps(g, indent=1))
+    about = {"command": "python -m benchmarks.compression " + " ".join(argv), "mode": "quick" if args.quick else "full",
+             "seeds": seeds, "rates": rates, "models": {m: MODELS[m] for m in models}, "modes": MODES,
+             "steps": {m: 40 if args.quick else MODELS[m]["steps"] for m in models},
+             "eval_every_steps": EVAL_EVERY, "test_images": 2000 if args.quick else TEST_IMAGES,
+             "compute_only_steps": COMPUTE_STEPS, "nodes": 2, "ranks_per_node": 1, "cores_per_node": 1,
+             "target": "the uncompressed run's final accuracy - 1 point, same seed",
+             "link": "tbf on each node's send side and on the switch port towards it (full duplex); "
+                     "no added latency (this kernel has no netem)",
+             "sweep": "for seed: for rate: for model: compute-only baseline (first rate), then modes in "
+                      "alternating order", "total_s": time.time() - t0, **host_info()}
+    name = "compression_links_quick.json" if args.quick else "compression_links.json"
+    out = Path(args.out) if args.out else RESULTS / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"_about": about, "goals": g, "summary": summary, **res}, indent=1,
+                              sort_keys=False, default=str) + "\n")
+    print(f"wrote {out}")
