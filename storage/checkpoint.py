@@ -33,8 +33,9 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, compat: dict[str, Any] | None = None,
-                    map_location: str = "cpu") -> dict[str, Any]:
-    """Load safely; if ``compat`` is given, refuse a checkpoint written for something else."""
+                    map_location: str = "cpu", ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Load safely; if ``compat`` is given, refuse a checkpoint written for something else
+    (fields named in ``ignore`` may differ, e.g. the world size of a run allowed to resize)."""
     import torch
     p = Path(path)
     if not p.is_file():
@@ -45,7 +46,8 @@ def load_checkpoint(path: str | os.PathLike, compat: dict[str, Any] | None = Non
         raise CheckpointMismatch(f"cannot load checkpoint {p} with weights_only=True: {e}") from e
     if compat is not None:
         theirs = state.get("compat", {}) if isinstance(state, dict) else {}
-        diff = sorted(k for k in set(compat) | set(theirs) if compat.get(k) != theirs.get(k))
+        diff = sorted(k for k in set(compat) | set(theirs)
+                      if k not in ignore and compat.get(k) != theirs.get(k))
         if diff:
             detail = ", ".join(f"{k}: checkpoint {theirs.get(k)!r} vs now {compat.get(k)!r}"
                                for k in diff)

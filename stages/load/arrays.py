@@ -5,8 +5,9 @@ artifact ``Loader`` uses (a seeded permutation, the same on every rank, or the n
 split into disjoint per-rank shards by the same ``partition``, so DDP ranks always run the same
 number of steps. With ``drop_last=False`` the order is padded by repeating its first indices
 (like ``DistributedSampler``) so nothing is dropped; with ``even=False`` (evaluation) shards are
-``order[rank::world]`` without padding. ``state_dict()`` is (epoch, batches served), which
-resumes at the exact next batch.
+``order[rank::world]`` without padding. ``state_dict()`` is the epoch position
+(``epochs.EpochCursor``): it resumes at the exact next batch, or — at another world size or
+batch — with the rest of the epoch.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import torch
 
 from sluice.errors import LoaderError
 from sluice.stages.data.sources.idx import read_idx
-from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler, partition
+from sluice.stages.load.epochs import EpochCursor
+from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler
 
 
 class ArrayLoader:
@@ -47,34 +49,36 @@ class ArrayLoader:
         self.rank, self.world_size = rank, world_size
         self.drop_last, self.even = drop_last, even
         self.delay_s = delay_s  # simulated storage latency per batch (stall measurements)
-        self.epoch = 0
-        self.position = 0  # batches already served in this epoch
+        self.cursor = EpochCursor(lambda epoch, _g: self.sampler.epoch_order(epoch), n, rank=rank,
+                                  world=world_size, batch=batch_size, drop_last=drop_last,
+                                  mode="drop" if drop_last else "pad")
         if len(self) == 0:
             raise LoaderError(f"{n} samples give no batch of {batch_size} per rank with "
                               f"{world_size} ranks")
 
-    def _shard(self) -> np.ndarray:
-        order = self.sampler.epoch_order(self.epoch)
-        if not self.even:
-            return order[self.rank::self.world_size]
-        shard = partition(order, self.rank, self.world_size, "drop" if self.drop_last else "pad")
-        return shard[: self._per_rank()]
+    @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
 
-    def _per_rank(self) -> int:
-        n, w = len(self.labels), self.world_size
-        if not self.even:
-            return len(range(self.rank, n, w))
-        if self.drop_last:
-            return n // w // self.batch_size * self.batch_size
-        return -(-n // w)
+    @property
+    def position(self) -> int:
+        """Batches already served in this epoch."""
+        return self.cursor.next_batch
+
+    def _shard(self) -> np.ndarray:
+        if self.even:
+            return self.cursor.rank_order()[0]
+        return self.sampler.epoch_order(self.epoch)[self.rank::self.world_size]
 
     def __len__(self) -> int:
-        per = self._per_rank()
-        return per // self.batch_size if self.drop_last else -(-per // self.batch_size)
+        if self.even:
+            return self.cursor.batches()
+        return -(-len(range(self.rank, len(self.labels), self.world_size)) // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first batch (a new permutation)."""
-        self.epoch, self.position = int(epoch), 0
+        self.cursor.set_epoch(int(epoch))
+        self.cursor.next_batch = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         idx = self._shard()
@@ -83,19 +87,21 @@ class ArrayLoader:
             sel = torch.from_numpy(idx[b * self.batch_size:(b + 1) * self.batch_size].astype(np.int64))
             if self.delay_s:
                 time.sleep(self.delay_s)
-            self.position += 1
+            self.cursor.advance()
             yield self.images[sel], self.labels[sel], sel
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "world_size": self.world_size, "rank": self.rank}
+        return {**self.cursor.state_dict(), "position": self.position, "seed": self.seed,
+                "world_size": self.world_size, "rank": self.rank, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at the exact next batch; refuses a state from another sharding."""
-        for k in ("seed", "world_size"):
-            if k in state and state[k] != getattr(self, k):
-                raise LoaderError(f"loader state has {k}={state[k]}, this loader {getattr(self, k)}")
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        """Resume at the exact next batch (at another world size: the rest of the epoch);
+        refuses a state from another seed (another order)."""
+        if "seed" in state and state["seed"] != self.seed:
+            raise LoaderError(f"loader state has seed={state['seed']}, this loader {self.seed}")
+        state = {"next_batch": state.get("position"), **state}
+        self.cursor.load_state_dict(state, world=int(state.get("world_size", self.world_size)),
+                                    batch=int(state.get("batch_size", self.batch_size)))
 
 
 def named_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:

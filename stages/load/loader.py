@@ -29,7 +29,8 @@ from sluice.stages.load.augment import TorchAugment, batch_seed
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
 from sluice.stages.load.backends.memory import MemoryBackend, available_memory
 from sluice.stages.load.config import LoaderConfig
-from sluice.stages.load.samplers import build_sampler, partition
+from sluice.stages.load.epochs import EpochCursor
+from sluice.stages.load.samplers import build_sampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
 
 
@@ -75,66 +76,75 @@ class Loader:
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(cfg.device)
         self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
+        self._scores, self._custom = scores, custom_sampler is not None
         self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores)
         if len(self.sampler) == 0:
             raise LoaderError("the sampler yields no samples")
+        # the epoch position, global so a resume at another world size continues the epoch
+        self.cursor = EpochCursor(self._order_for, len(self.sampler), rank=rank, world=world_size,
+                                  batch=cfg.batch_size, drop_last=cfg.drop_last,
+                                  mode=cfg.sampler.partition)
         self.backend_name = _resolve_backend(cfg.backend, self.artifact, cfg.split, cfg.memory_budget_bytes)
         self._backend: Backend | None = None
         # On CPU batches a leading RRC(+flip) runs in OpenCV over `workers` threads (same draws as
         # the torch path); CUDA batches take the torch path on the device.
         self.augment = TorchAugment(cfg.augment, cfg.seed, fast_cpu=True, threads=max(1, self.workers))
-        self.epoch = 0
-        self._next_batch = 0  # batches of the current epoch already handed to the caller
         self.timings = Timings()
         self.samples_seen = 0
 
     # ------------------------------------------------------------------ contract
+    @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
+
     def __len__(self) -> int:
-        n, w = len(self.sampler), self.world_size  # partition's length, without building it
-        per_rank = -(-n // w) if self.config.sampler.partition == "pad" else n // w
-        bs = self.config.batch_size
-        return per_rank // bs if self.config.drop_last else -(-per_rank // bs)
+        return self.cursor.batches()
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.epoch, self._next_batch = epoch, 0
+        self.cursor.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the caller is: resuming from this yields exactly the next batch."""
-        return {"epoch": self.epoch, "next_batch": self._next_batch, "rank": self.rank,
-                "world_size": self.world_size, "fingerprint": self.artifact.fingerprint,
-                "split": self.config.split, "batch_size": self.config.batch_size}
+        """Where the caller is: resuming from this yields exactly the next batch — at this world
+        size, or at another one (the rest of the epoch, re-cut; see ``epochs``)."""
+        return {**self.cursor.state_dict(), "rank": self.rank, "world_size": self.world_size,
+                "fingerprint": self.artifact.fingerprint, "split": self.config.split,
+                "batch_size": self.config.batch_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("fingerprint") != self.artifact.fingerprint:
             raise LoaderError("loader state belongs to another dataset version "
                              f"({str(state.get('fingerprint'))[:16]} vs {self.artifact.fingerprint[:16]})")
-        for k in ("split", "batch_size", "world_size"):
-            if state.get(k) != self.state_dict()[k]:
-                raise LoaderError(f"loader state has {k}={state.get(k)!r}, this loader {self.state_dict()[k]!r}")
-        self.epoch, self._next_batch = int(state["epoch"]), int(state["next_batch"])
+        if state.get("split") != self.config.split:
+            raise LoaderError(f"loader state has split={state.get('split')!r}, this loader {self.config.split!r}")
+        self.cursor.load_state_dict(state, world=int(state["world_size"]), batch=int(state["batch_size"]))
+
+    def _order_for(self, epoch: int, global_batch: int) -> np.ndarray:
+        """The sampler's global order of ``epoch`` as ordered for ``global_batch`` (only a
+        curriculum's pacing depends on it: an epoch begun at another world size keeps its order)."""
+        if global_batch == self.config.batch_size * self.world_size or self._custom \
+                or self.config.sampler.kind != "curriculum":
+            return self.sampler.epoch_order(epoch)
+        return build_sampler(self.config.sampler, self.n, global_batch, self._scores).epoch_order(epoch)
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's index order for an epoch (what the batches will carry, in order)."""
-        e = self.epoch if epoch is None else epoch
-        return partition(self.sampler.epoch_order(e), self.rank, self.world_size, self.config.sampler.partition)
+        return self.cursor.rank_order(epoch)[0]
 
     def resolution(self, epoch: int | None = None) -> int | None:
         r = self.config.resolution
         return r.at(self.epoch if epoch is None else epoch) if r else None
 
     def __iter__(self) -> Iterator[Batch]:
-        epoch, start = self.epoch, self._next_batch
-        total = len(self)
-        if start >= total:  # the epoch was finished: the next iteration is the next epoch
-            self.epoch, self._next_batch = epoch + 1, 0
+        epoch, start = self.epoch, self.cursor.next_batch
+        if start >= len(self):  # the epoch was finished: the next iteration is the next epoch
+            self.cursor.set_epoch(epoch + 1)
             epoch, start = self.epoch, 0
-        order = self.epoch_indices(epoch)
+        order, drop_last = self.cursor.rank_order(epoch)
         self.backend()  # built here, in the caller's thread: backends fork workers, never from a thread
-        produced = self._produce(order, epoch, start)
+        produced = self._produce(order, epoch, start, drop_last)
         try:
             for batch in produced:
-                self._next_batch += 1
+                self.cursor.advance()
                 self.samples_seen += len(batch.labels)
                 yield batch
         finally:
@@ -162,17 +172,17 @@ class Loader:
                                      self.workers)
         return self._backend
 
-    def _batches(self, order: np.ndarray, epoch: int, start: int) -> Iterator[Batch]:
+    def _batches(self, order: np.ndarray, epoch: int, start: int, drop_last: bool) -> Iterator[Batch]:
         be = self.backend()
         cfg = self.config
         res = self.resolution(epoch)
         if be.augments:  # DALI: augmentation and transfer happen inside, with the same draws
-            yield from (Batch(*b) for b in be.epoch(order, cfg.batch_size, cfg.drop_last, start,
+            yield from (Batch(*b) for b in be.epoch(order, cfg.batch_size, drop_last, start,
                                                    resolution=res, epoch=epoch))
             return
         pin = self.device.type == "cuda"
         b = start
-        for imgs, labels, idx in be.epoch(order, cfg.batch_size, cfg.drop_last, start):
+        for imgs, labels, idx in be.epoch(order, cfg.batch_size, drop_last, start):
             t = time.perf_counter()
             x = torch.as_tensor(imgs)
             y = torch.as_tensor(labels, dtype=torch.int64)
@@ -191,7 +201,7 @@ class Loader:
             b += 1
             yield Batch(x, y, i)
 
-    def _produce(self, order: np.ndarray, epoch: int, start: int) -> Iterator[Batch]:
+    def _produce(self, order: np.ndarray, epoch: int, start: int, drop_last: bool) -> Iterator[Batch]:
         """Run the pipeline in a background thread, ``prefetch`` batches ahead of the caller.
 
         Backends that fork worker processes per epoch (DataLoader workers, DALI's parallel
@@ -199,7 +209,7 @@ class Loader:
         thread can deadlock the child on locks another thread held.
         """
         if self.config.prefetch == 0 or self.backend().forks_per_epoch:
-            yield from self._timed(self._batches(order, epoch, start))
+            yield from self._timed(self._batches(order, epoch, start, drop_last))
             return
         q: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
         stop = threading.Event()
@@ -207,7 +217,7 @@ class Loader:
 
         def work():
             try:
-                for batch in self._batches(order, epoch, start):
+                for batch in self._batches(order, epoch, start, drop_last):
                     while not stop.is_set():
                         try:
                             q.put(batch, timeout=0.1)

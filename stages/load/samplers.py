@@ -17,21 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.errors import LoaderError
 from sluice.stages.contracts import Sampler
+from sluice.stages.load.epochs import pad_to_world
 
 
 def partition(order: np.ndarray, rank: int, world_size: int, mode: Literal["pad", "drop"] = "pad") -> np.ndarray:
     """This rank's strided slice of the epoch, equal in length on every rank."""
     if not 0 <= rank < world_size:
         raise LoaderError(f"rank {rank} is outside world size {world_size}")
-    n = len(order)
-    if mode == "pad":
-        total = math.ceil(n / world_size) * world_size
-        if total > n:
-            reps = math.ceil((total - n) / max(n, 1))
-            order = np.concatenate([order] + [order] * reps)[:total]
-    else:
-        order = order[: (n // world_size) * world_size]
-    return np.ascontiguousarray(order[rank::world_size])
+    return np.ascontiguousarray(pad_to_world(order, world_size, mode)[rank::world_size])
 
 
 def _rng(seed: int, epoch: int) -> np.random.Generator:

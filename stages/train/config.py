@@ -42,7 +42,8 @@ class CommConfig(BaseModel):
 # Fields that do not change what is trained: excluded from the checkpoint compatibility hash.
 OPERATIONAL = {"checkpoint_dir", "checkpoint_every_steps", "checkpoint_every_seconds", "resume",
                "halt_at_step", "eval_every_steps", "log_every_steps", "metrics_path", "progress",
-               "torch_threads", "compile", "dist_timeout_s", "max_skipped_steps"}
+               "torch_threads", "compile", "dist_timeout_s", "max_skipped_steps", "resize",
+               "resize_lr", "log_samples"}
 
 
 class TrainConfig(BaseModel):
@@ -92,6 +93,15 @@ class TrainConfig(BaseModel):
     checkpoint_every_seconds: float | None = Field(None, gt=0)
     resume: bool = True  # continue from checkpoint_dir/last.pt when it exists
     halt_at_step: int | None = Field(None, ge=1)  # checkpoint and stop here (schedule unchanged)
+    resize: Literal["keep_global_batch", "scale_global_batch", "refuse"] = Field(
+        "keep_global_batch", description="resuming a checkpoint of another world size: keep the "
+        "global batch (per-rank sizes × old/new world), scale it with the world (and the lr by "
+        "resize_lr), or refuse (sluice.stages.train.elastic)")
+    resize_lr: Literal["linear", "sqrt", "none"] = Field(
+        "linear", description="scale_global_batch: the lr × (new/old global batch), its square "
+        "root, or unchanged")
+    log_samples: bool = Field(False, description="each rank appends the split indices of every "
+                              "batch it takes to samples-rank<R>.jsonl beside metrics_path")
     eval_every_steps: int | None = Field(None, ge=1)
     log_every_steps: int = Field(1, ge=1)
     metrics_path: str | None = None  # JSON lines, rank 0

@@ -8,7 +8,11 @@ are optimizer steps or wall-clock seconds; the learning-rate schedule follows th
 the budget used, so a time-budgeted run still decays to zero. ``sluice.stages.train.worker`` runs
 it inside each torchrun process.
 
-This module is longer than most (~470 lines) because ``TrainingRun`` is one state machine whose
+A checkpoint of another world size resumes too (``train.resize``; ``elastic`` says what the
+resumed run sees): the budget is counted in units of the starting global batch, so the schedule
+keeps its meaning when the global batch changes.
+
+This module is longer than most (~500 lines) because ``TrainingRun`` is one state machine whose
 steps (resume, step, checkpoint, evaluate, report) share its state; each method has one concern.
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ import dataclasses
 import json
 import math
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,6 +37,7 @@ from sluice.stages.models import build_model
 from sluice.stages.train.comm import build_hook, uncompressed_bytes
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context
+from sluice.stages.train.elastic import Resize, rank_part
 from sluice.stages.train.evaluate import evaluate
 from sluice.stages.train.schedule import lr_at
 from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
@@ -100,7 +106,8 @@ class TrainingRun:
     """State of one run; methods are the loop's steps (kept small, one concern each)."""
 
     def __init__(self, cfg: TrainConfig, loader: ResumableLoader,
-                 eval_loader: ResumableLoader | None, selector: Selector | None):
+                 eval_loader: ResumableLoader | None, selector: Selector | None,
+                 batch_scale: Fraction = Fraction(1)):
         self.d = dist_context(cfg)
         if cfg.amp == "auto":  # decided once, by the device this run got
             cfg = cfg.model_copy(update={"amp": resolve_amp(cfg.amp, self.d.device)})
@@ -140,6 +147,10 @@ class TrainingRun:
         self.compat = cfg.compat(self.d.world)
         self.ckpt = checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         self.total_steps = self._budget_steps()
+        self.batch_scale = Fraction(batch_scale)
+        self.resize = Resize.fresh(self.d.world)
+        self.units = 0.0  # budget used, in steps of the starting global batch
+        self.samples_log = None
         self.step, self.epoch, self.elapsed = 0, 0, 0.0
         self.resumed_from: int | None = None
         self.metrics: list[dict[str, Any]] = []
@@ -160,7 +171,7 @@ class TrainingRun:
     def progress(self) -> float:
         p = 0.0
         if self.total_steps:
-            p = self.step / self.total_steps
+            p = self.units / self.total_steps
         if self.cfg.max_seconds:
             p = max(p, self.elapsed / self.cfg.max_seconds)
         return p
@@ -170,19 +181,27 @@ class TrainingRun:
             self.loader.set_epoch(0)
             torch.manual_seed(self.cfg.seed * 1000 + 1 + self.d.rank)  # dropout differs per rank
             return
-        s = load_checkpoint(self.ckpt, self.compat)
+        s = load_checkpoint(self.ckpt, self.compat,
+                            ignore=("world_size",) if self.cfg.resize != "refuse" else ())
+        self.resize = Resize.resumed(self.cfg, s, self.d.world, self.batch_scale)
         self.model.load_state_dict(s["model"])
         self.opt.load_state_dict(s["optimizer"])
         self.scaler.load_state_dict(s["scaler"])
         if self.ema is not None and s.get("ema") is not None:
             self.ema.load_state_dict(s["ema"])
-        mine = s["ranks"][self.d.rank]
+        if self.resize.world_from == self.d.world:
+            mine = s["ranks"][self.d.rank]
+        else:  # another world size wrote it: global parts carry over, per-rank ones are dealt
+            mine = rank_part(s["ranks"], self.d.rank, s["step"], self.cfg.seed, self.hook)
         self.hook.load_state_dict(mine["comm"], self.d.device)
         self.loader.load_state_dict(mine["loader"])
         if mine.get("selector") is not None and hasattr(self.selector, "load_state_dict"):
             self.selector.load_state_dict(mine["selector"])
         set_rng_state(mine["rng"], self.d.device)
         self.step, self.epoch, self.elapsed = s["step"], s["epoch"], s["elapsed"]
+        e = s.get("elastic") or {}
+        self.total_steps = e.get("total_steps", self.total_steps)
+        self.units = float(e.get("units", self.step))
         self.last_ckpt_elapsed = self.elapsed
         self.resumed_from = self.step
         self.evals = list(s.get("evals", []))
@@ -199,7 +218,7 @@ class TrainingRun:
     def train_step(self, it: Iterator[Any]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        lr = lr_at(cfg, self.progress())
+        lr = lr_at(cfg, self.progress()) * self.resize.lr_scale
         for g in self.opt.param_groups:
             g["lr"] = lr
         data_s = select_s = 0.0
@@ -210,6 +229,8 @@ class TrainingRun:
             td = time.perf_counter()
             x, y, idx = self.prep(next(it))
             data_s += time.perf_counter() - td
+            if self.cfg.log_samples:
+                self.log_samples(idx)
             w = None
             if self.selector is not None:
                 ts = time.perf_counter()
@@ -257,6 +278,7 @@ class TrainingRun:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         self.step += 1
+        self.units += self.resize.step_weight
         step_s = time.perf_counter() - t0
         self.elapsed += step_s
         sent = self.hook.take_bytes() if self.d.on else 0
@@ -312,7 +334,8 @@ class TrainingRun:
                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                 "ema": self.ema.state_dict() if self.ema is not None else None,
                 "comm": ranks[0]["comm"], "ranks": ranks, "evals": self.evals,
-                "config": self.cfg.model_dump()})
+                "config": self.cfg.model_dump(),
+                "elastic": self.resize.record(self.total_steps, self.units)})
         if self.d.on:
             dist.barrier()
         self.last_ckpt_elapsed = self.elapsed
@@ -342,8 +365,20 @@ class TrainingRun:
         self.metrics_file.write(json.dumps(rec) + "\n")
         self.metrics_file.flush()
 
+    def log_samples(self, indices: torch.Tensor) -> None:
+        """This rank's batch, as split indices, in ``samples-rank<R>.jsonl`` (``log_samples``)."""
+        if self.samples_log is None:
+            where = Path(self.cfg.metrics_path or self.cfg.checkpoint_dir or ".")
+            where = where.parent if where.suffix else where
+            where.mkdir(parents=True, exist_ok=True)
+            self.samples_log = open(where / f"samples-rank{self.d.rank}.jsonl", "a")
+        self.samples_log.write(json.dumps({"step": self.step + 1, "epoch": self.epoch,
+                                           "world": self.d.world,
+                                           "indices": indices.tolist()}) + "\n")
+        self.samples_log.flush()
+
     def finished(self) -> bool:
-        if self.total_steps and self.step >= self.total_steps:
+        if self.total_steps and self.units >= self.total_steps - 1e-9:
             return True
         return bool(self.cfg.max_seconds and self.elapsed >= self.cfg.max_seconds)
 
@@ -351,7 +386,7 @@ class TrainingRun:
         """Why the run ended: ``halt_at_step``, its step budget, or ``max_seconds``."""
         if halted:
             return "halt_at_step"
-        return "steps" if self.total_steps and self.step >= self.total_steps else "max_seconds"
+        return "steps" if self.total_steps and self.units >= self.total_steps - 1e-9 else "max_seconds"
 
     # -- main -------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -395,8 +430,9 @@ class TrainingRun:
         finally:
             if bar is not None:
                 bar.close()
-            if self.metrics_file is not None:
-                self.metrics_file.close()
+            for f in (self.metrics_file, self.samples_log):
+                if f is not None:
+                    f.close()
         return self._result(final, halted)
 
     def _bar(self) -> Any:
@@ -447,17 +483,20 @@ class TrainingRun:
 
 
 def train(config: TrainConfig | dict[str, Any], loader: ResumableLoader,
-          eval_loader: ResumableLoader | None = None, selector: Selector | None = None) -> TrainResult:
+          eval_loader: ResumableLoader | None = None, selector: Selector | None = None,
+          batch_scale: Fraction | int = 1) -> TrainResult:
     """Train with ``config`` on ``loader``: one rank in-process, or one DDP rank under torchrun.
 
     When ``torch.distributed`` is initialised the model is wrapped in DDP over that group.
+    ``batch_scale``: what the loaders' per-rank sizes were multiplied by to resume a checkpoint
+    of another world size (``elastic.batch_scale_for``; the worker does this).
     Raises ``TrainError`` for bad input and ``NonFiniteLoss`` when the loss diverges.
     """
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.model_validate(config)
     if not isinstance(loader, ResumableLoader):
         raise TrainError("loader must be iterable with __len__, set_epoch, state_dict and "
                          f"load_state_dict; got {type(loader).__name__}")
-    return TrainingRun(cfg, loader, eval_loader, selector).run()
+    return TrainingRun(cfg, loader, eval_loader, selector, Fraction(batch_scale)).run()
 
 
 def param_digest(model: torch.nn.Module) -> str:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from sluice.errors import ConfigError, SluiceError
 from sluice.stages.train.dist import init_process_group
+from sluice.stages.train.elastic import batch_scale_for, rescale_job
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.loop import train
 from sluice.storage.atomic import write_json
@@ -55,11 +56,14 @@ def worker(job_path: str) -> int:
         world = dist.get_world_size() if dist.is_initialized() else 1
         (out / "pids").mkdir(parents=True, exist_ok=True)
         (out / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
+        # a checkpoint of another world size: per-rank sizes so the global batch is kept
+        scale = batch_scale_for(cfg, world)
+        train_job = rescale_job(job, scale, world)
         kw = dict(rank=rank, world_size=world, batch_size=cfg.batch_size, seed=cfg.seed)
-        loader = job.data.build(train=True, **kw)
+        loader = train_job.data.build(train=True, **kw)
         ev = job.eval_data.build(train=False, **kw) if job.eval_data else None
-        selector = job.selection.build() if job.selection else None
-        result = train(cfg, loader, ev, selector)
+        selector = train_job.selection.build() if train_job.selection else None
+        result = train(cfg, loader, ev, selector, batch_scale=scale)
         if rank == 0:
             write_json(out / RESULT, result.to_dict())
         if dist.is_initialized():

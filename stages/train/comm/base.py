@@ -86,6 +86,11 @@ class CommHook:
         """Plain tensors and ints only, loadable with ``weights_only=True``."""
         return {"mode": self.config.mode, "iter": self.iter}
 
+    def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """One rank's state for a run resumed at another world size, from every old rank's
+        (``elastic``). Default: rank 0's (the step counter is the same on all)."""
+        return states[0]
+
     def load_state_dict(self, state: dict[str, Any], device: torch.device | str = "cpu") -> None:
         if state.get("mode") != self.config.mode:
             raise ValueError(f"checkpoint comm hook is {state.get('mode')!r}, config says "

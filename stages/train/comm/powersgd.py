@@ -42,6 +42,14 @@ class PowerSGDHook(CommHook):
                 "errors": {int(k): v.detach().cpu().clone() for k, v in self.errors.items()},
                 "qs": {int(k): v.detach().cpu().clone() for k, v in self.qs.items()}}
 
+    def merge_rank_states(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """At another world size every rank starts from the old ranks' mean residual: the group
+        applies mean(gradient + residual), so the mean is exactly the correction still owed.
+        The warm-start factors are the same on every rank already."""
+        keys = set.intersection(*(set(s["errors"]) for s in states))
+        errors = {k: torch.stack([s["errors"][k] for s in states]).mean(0) for k in sorted(keys)}
+        return {**states[0], "errors": errors}
+
     def load_state_dict(self, state: dict[str, Any], device: torch.device | str = "cpu") -> None:
         super().load_state_dict(state, device)
         self.errors = {int(k): v.to(device) for k, v in state["errors"].items()}
