@@ -54,6 +54,24 @@ def installed_plugins(tmp_path_factory):
         os.environ["PYTHONPATH"] = old_env
 
 
+def npz_specs(folder: Path, n_train: int, n_test: int, test_from_train: bool = False) -> tuple[dict, dict]:
+    """The first ``n_train`` Fashion-MNIST training images (and ``n_test`` test images, or the
+    next training images) as ``.npz`` files, with the arrays data specs that load them."""
+    from sluice.stages.load.arrays import fashion_mnist
+    x, y = fashion_mnist("train")
+    tx, ty = (x[n_train:], y[n_train:]) if test_from_train else fashion_mnist("test")
+    np.savez(folder / "train.npz", images=x[:n_train], labels=y[:n_train])
+    np.savez(folder / "test.npz", images=tx[:n_test], labels=ty[:n_test])
+    return ({"kind": "arrays", "path": str(folder / "train.npz")},
+            {"kind": "arrays", "path": str(folder / "test.npz")})
+
+
+@pytest.fixture(scope="session")
+def train_test_npz(tmp_path_factory) -> tuple[dict, dict]:
+    """2048 training and 512 test images as arrays specs (the torchrun tests' data)."""
+    return npz_specs(tmp_path_factory.mktemp("npz"), 2048, 512)
+
+
 @pytest.fixture(scope="session")
 def fmnist_artifact(tmp_path_factory):
     """A raw (npy) artifact of a 600+600 sample Fashion-MNIST slice, all formats, small shards."""

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import npz_specs
 from deploy.simcluster import netadmin_missing
-from sluice.stages.load.arrays import ArrayLoader, fashion_mnist
+from sluice.stages.load.arrays import ArrayLoader
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.launch import launch, make_job
 from sluice.stages.train.schedule import lr_at
@@ -24,12 +25,8 @@ N, G = 960, 48  # an epoch is 20 steps of a global batch of 48 (48 / 3 = 16 per 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> tuple[dict, dict]:
-    d = tmp_path_factory.mktemp("data")
-    x, y = fashion_mnist("train")
-    np.savez(d / "train.npz", images=x[:N], labels=y[:N])
-    np.savez(d / "test.npz", images=x[N:N + 256], labels=y[N:N + 256])
-    return ({"kind": "arrays", "path": str(d / "train.npz")},
-            {"kind": "arrays", "path": str(d / "test.npz"), "batch_size": 128})
+    train, test = npz_specs(tmp_path_factory.mktemp("data"), N, 256, test_from_train=True)
+    return train, {**test, "batch_size": 128}
 
 
 def job(data, world: int, **kw):

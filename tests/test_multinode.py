@@ -12,13 +12,11 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from conftest import ROOT
 from deploy.simcluster import SimCluster, netadmin_missing
 from sluice.errors import ConfigError, RendezvousError
-from sluice.stages.load.arrays import fashion_mnist
 from sluice.stages.train import TrainResult
 from sluice.stages.train.launch import launch, make_job, prepare_run
 from sluice.stages.train.nodes import LaunchConfig, launch_nodes
@@ -29,14 +27,8 @@ QUIET = {"on_line": lambda line: None, "timeout_s": 300}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> tuple[dict, dict]:
-    d = tmp_path_factory.mktemp("data")
-    x, y = fashion_mnist("train")
-    tx, ty = fashion_mnist("test")
-    np.savez(d / "train.npz", images=x[:2048], labels=y[:2048])
-    np.savez(d / "test.npz", images=tx[:512], labels=ty[:512])
-    return ({"kind": "arrays", "path": str(d / "train.npz")},
-            {"kind": "arrays", "path": str(d / "test.npz")})
+def data(train_test_npz) -> tuple[dict, dict]:
+    return train_test_npz
 
 
 @pytest.fixture(scope="module")

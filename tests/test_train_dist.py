@@ -6,11 +6,9 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
-from sluice.stages.load.arrays import fashion_mnist
 from sluice.errors import RendezvousError, TrainError
 from sluice.stages.train import TrainResult
 from sluice.stages.train.launch import free_port, launch, make_job
@@ -20,14 +18,8 @@ QUIET = {"on_line": lambda line: None, "timeout_s": 240}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> tuple[dict, dict]:
-    d = tmp_path_factory.mktemp("data")
-    x, y = fashion_mnist("train")
-    tx, ty = fashion_mnist("test")
-    np.savez(d / "train.npz", images=x[:2048], labels=y[:2048])
-    np.savez(d / "test.npz", images=tx[:512], labels=ty[:512])
-    return ({"kind": "arrays", "path": str(d / "train.npz")},
-            {"kind": "arrays", "path": str(d / "test.npz")})
+def data(train_test_npz) -> tuple[dict, dict]:
+    return train_test_npz
 
 
 def cfg(**kw) -> dict:
