@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist"
+APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist iproute2"  # iproute2: ip/tc for the simulated cluster
 STAMP="$VENV/.sluice-setup-stamp"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

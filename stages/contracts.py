@@ -39,7 +39,9 @@ class ResumableLoader(Protocol):
     """What the training loop needs from a loader.
 
     Iterating yields :class:`Batch`-shaped tuples; ``len`` is the batches per epoch on this rank
-    (equal on every rank); ``state_dict`` resumes mid-epoch at exactly the next batch.
+    (equal on every rank); ``state_dict`` resumes mid-epoch at exactly the next batch. Sluice's
+    loaders also resume another world size's state (``load.epochs``: the rest of the epoch,
+    re-cut), which ``train.resize`` relies on.
     """
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]: ...
     def __len__(self) -> int: ...
