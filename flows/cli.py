@@ -46,10 +46,11 @@ def _print_outcome(cfg, result: dict) -> None:
         print(f"IL scores        : {result['il']['path']}")
     print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl, torchrun.log)")
     print(f"model registry   : {reg.root}")
-    print(f"candidate        : {p['model_id']} test accuracy {p['candidate_value']:.4f} -> "
+    print(f"candidate        : {p['model_id']} {p['eval_split']} accuracy {p['candidate_value']:.4f} "
+          f"({p['report_split']} {p['report']['acc']:.4f}) -> "
           f"{'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
     if champ:
-        print(f"champion         : {champ.model_id} test accuracy {champ.value:.4f}")
+        print(f"champion         : {champ.model_id} {champ.metric} {champ.value:.4f}")
     print("=" * 72)
 
 

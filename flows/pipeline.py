@@ -23,9 +23,12 @@ from sluice.stages.train.job import TrainJob
 
 
 class PromotionConfig(BaseModel):
+    """Which split decides promotion (``eval_split``, the validation split by default) and which is
+    only reported (``report_split``: the test split, also the one training curves are drawn on)."""
     model_config = ConfigDict(extra="forbid")
-    metric: str = "test_acc"
-    eval_split: str = "test"
+    metric: str = "val_acc"
+    eval_split: str = "val"
+    report_split: str = "test"
     margin: float = Field(0.0, ge=0, description="a candidate must beat the champion by more than this")
 
 
@@ -94,6 +97,18 @@ class PipelineConfig(BaseModel):
                 data[name] = merge(base, given, leaves=("model_kwargs",))
         return data
 
+    @model_validator(mode="after")
+    def _holdout_only_where_used(self) -> "PipelineConfig":
+        """Unless ``prepare.ingest.holdout_fraction`` is given, hold samples out of training only
+        for a method that trains an irreducible-loss model on them (RHO-LOSS): every other
+        method trains on them."""
+        ingest = self.prepare.ingest
+        if "holdout_fraction" not in ingest.model_fields_set:
+            self.prepare.ingest = ingest.model_copy(
+                update={"holdout_fraction": 0.1 if self.selection.needs_il else 0.0})
+            self.prepare.ingest.model_fields_set.add("holdout_fraction")
+        return self
+
     # where things live
     def dataset_dir(self) -> Path:
         return Path(self.data_root) / "datasets" / self.dataset_name
@@ -134,7 +149,7 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm],
                                                                channels_last=c.augment.channels_last
                                                                or c.train.channels_last)})
-    evaluate = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500, "drop_last": False,
+    evaluate = c.loader.model_copy(update={"split": c.promotion.report_split, "batch_size": 500, "drop_last": False,
                                            "augment": AugmentSpec(ops=[norm]), "resolution": None,
                                            "sampler": SamplerConfig(kind="sequential")})
     selection = None
