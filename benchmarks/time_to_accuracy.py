@@ -89,7 +89,7 @@ def sluice_config(overrides: dict[str, Any], epochs: float, seed: int, root: Pat
     c = PipelineConfig.model_validate(cfg)
     ing = c.prepare.ingest
     n_train = TRAIN_SOURCE - round(TRAIN_SOURCE * ing.holdout_fraction) - round(TRAIN_SOURCE * ing.val_fraction)
-    steps = (n_train // c.nproc) // c.train.batch_size
+    steps = (n_train // c.ranks()) // c.train.batch_size
     c.train.eval_every_steps = max(1, steps)
     return c.model_dump(mode="json")
 

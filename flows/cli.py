@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = _pipeline_config(args)
     print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard -> irreducible loss -> train with "
-          f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.nproc} ranks -> "
+          f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.ranks()} ranks -> "
           f"evaluate -> promote), data under {Path(cfg.data_root).resolve()}", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))

@@ -140,7 +140,7 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
     log = get_run_logger()
     job = training_job(c, data, il["path"] if il else None)
     with _progress(Path(run_dir) / "metrics.jsonl", log):
-        result = launch(job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
+        result = launch(job, nproc=c.ranks(), out_dir=run_dir, timeout_s=c.train_timeout_s,
                         on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,

@@ -5,8 +5,9 @@ It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -74,7 +75,10 @@ class PipelineConfig(BaseModel):
     selection: SelectionConfig = Field(default_factory=_default_selection)
     train: TrainConfig = Field(default_factory=_default_train)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
-    nproc: int = Field(2, ge=1, description="training processes (torchrun ranks) on this machine")
+    nproc: int | Literal["auto"] = Field(
+        "auto", description="training processes (torchrun ranks) on this machine; auto = one per "
+        "core, each with one thread (on small CPUs several single-threaded ranks beat one "
+        "multi-threaded process)")
     prepare_runner: str = Field("local", pattern=r"^(local|threads|processes|dask://[^\s]+)$",
                                 description="where shard writes run: local (the stage's own process pool), "
                                             "threads or processes (Prefect task runners), or "
@@ -108,6 +112,14 @@ class PipelineConfig(BaseModel):
                 update={"holdout_fraction": 0.1 if self.selection.needs_il else 0.0})
             self.prepare.ingest.model_fields_set.add("holdout_fraction")
         return self
+
+    def ranks(self) -> int:
+        """The number of training ranks ``nproc`` resolves to on this machine."""
+        if self.nproc == "auto":
+            return max(1, os.cpu_count() or 1)
+        if self.nproc < 1:
+            raise ValueError("nproc must be >= 1 or 'auto'")
+        return self.nproc
 
     # where things live
     def dataset_dir(self) -> Path:
