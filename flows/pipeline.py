@@ -5,8 +5,9 @@ It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,9 +25,12 @@ from sluice.stages.train.nodes import LaunchConfig
 
 
 class PromotionConfig(BaseModel):
+    """Which split decides promotion (``eval_split``, the validation split by default) and which is
+    only reported (``report_split``: the test split, also the one training curves are drawn on)."""
     model_config = ConfigDict(extra="forbid")
-    metric: str = "test_acc"
-    eval_split: str = "test"
+    metric: str = "val_acc"
+    eval_split: str = "val"
+    report_split: str = "test"
     margin: float = Field(0.0, ge=0, description="a candidate must beat the champion by more than this")
 
 
@@ -72,8 +76,10 @@ class PipelineConfig(BaseModel):
     selection: SelectionConfig = Field(default_factory=_default_selection)
     train: TrainConfig = Field(default_factory=_default_train)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
-    nproc: int = Field(2, ge=1, description="training processes (torchrun ranks) per node: on this "
-                                            "machine, or on each of launch.nodes")
+    nproc: int | Literal["auto"] = Field(
+        "auto", description="training processes (torchrun ranks) on this machine, or on each of "
+        "launch.nodes; auto = one per core (a node's pinned cores), each with one thread (on small "
+        "CPUs several single-threaded ranks beat one multi-threaded process)")
     launch: LaunchConfig = Field(default_factory=LaunchConfig,
                                  description="where training runs: this machine (no nodes) or a list "
                                              "of nodes joined by torchrun's c10d rendezvous; not part "
@@ -99,6 +105,30 @@ class PipelineConfig(BaseModel):
                     base["model_kwargs"] = {}  # another model: the default's kwargs do not apply
                 data[name] = merge(base, given, leaves=("model_kwargs",))
         return data
+
+    @model_validator(mode="after")
+    def _holdout_only_where_used(self) -> "PipelineConfig":
+        """Unless ``prepare.ingest.holdout_fraction`` is given, hold samples out of training only
+        for a method that trains an irreducible-loss model on them (RHO-LOSS): every other
+        method trains on them."""
+        ingest = self.prepare.ingest
+        if "holdout_fraction" not in ingest.model_fields_set:
+            self.prepare.ingest = ingest.model_copy(
+                update={"holdout_fraction": 0.1 if self.selection.needs_il else 0.0})
+            self.prepare.ingest.model_fields_set.add("holdout_fraction")
+        return self
+
+    def ranks(self) -> int:
+        """The number of training ranks ``nproc`` resolves to on this machine (per node with
+        ``launch.nodes``: auto takes the fewest cores a node is pinned to)."""
+        if self.nproc == "auto":
+            pinned = [n.core_count() for n in self.launch.nodes]
+            if pinned and None not in pinned:
+                return max(1, min(pinned))
+            return max(1, os.cpu_count() or 1)
+        if self.nproc < 1:
+            raise ValueError("nproc must be >= 1 or 'auto'")
+        return self.nproc
 
     # where things live
     def dataset_dir(self) -> Path:
@@ -140,7 +170,7 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -
                                         "augment": AugmentSpec(ops=[*c.augment.ops, norm],
                                                                channels_last=c.augment.channels_last
                                                                or c.train.channels_last)})
-    evaluate = c.loader.model_copy(update={"split": c.promotion.eval_split, "batch_size": 500, "drop_last": False,
+    evaluate = c.loader.model_copy(update={"split": c.promotion.report_split, "batch_size": 500, "drop_last": False,
                                            "augment": AugmentSpec(ops=[norm]), "resolution": None,
                                            "sampler": SamplerConfig(kind="sequential")})
     selection = None

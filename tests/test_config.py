@@ -55,3 +55,31 @@ def test_progressive_resizing_shapes_training_batches_but_never_evaluation():
     job = training_job(c, data, il_path="scores.npy")
     assert job.data.loader.resolution.start == 16
     assert job.eval_data.loader.resolution is None  # accuracy is measured at full size
+
+
+def test_holdout_is_kept_only_for_a_method_that_trains_an_il_model():
+    assert PipelineConfig.model_validate({"selection": {"method": "rho_loss"}}).prepare.ingest.holdout_fraction == 0.1
+    for method in ("none", "infobatch", "uniform"):
+        c = PipelineConfig.model_validate({"selection": {"method": method}})
+        assert c.prepare.ingest.holdout_fraction == 0.0  # trained on instead
+        assert PipelineConfig.model_validate(c.model_dump(mode="json")) == c  # stable round trip
+    given = {"selection": {"method": "none"}, "prepare": {"ingest": {"holdout_fraction": 0.2}}}
+    assert PipelineConfig.model_validate(given).prepare.ingest.holdout_fraction == 0.2
+
+
+def test_promotion_decides_on_val_and_training_curves_report_test():
+    from sluice.flows.pipeline import training_job
+    c = PipelineConfig()
+    assert (c.promotion.eval_split, c.promotion.metric, c.promotion.report_split) == ("val", "val_acc", "test")
+    data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f" * 16, "num_classes": 10, "channels": 1}
+    assert training_job(c, data, il_path="scores.npy").eval_data.loader.split == "test"
+
+
+def test_auto_ranks_on_pinned_nodes_follow_each_nodes_cores():
+    """nproc auto with launch.nodes: ranks per node from the cores a node is pinned to, not
+    this machine's count (a simulated node pinned to one core runs one rank)."""
+    nodes = [{"address": "10.213.0.1", "cpus": "0"}, {"address": "10.213.0.2", "cpus": "1"}]
+    assert PipelineConfig.model_validate({"launch": {"nodes": nodes}}).ranks() == 1
+    wide = [{"address": "10.213.0.1", "cpus": "0-2,5"}, {"address": "10.213.0.2", "cpus": "4,6-8"}]
+    assert PipelineConfig.model_validate({"launch": {"nodes": wide}}).ranks() == 4
+    assert PipelineConfig.model_validate({"nproc": 3, "launch": {"nodes": nodes}}).ranks() == 3

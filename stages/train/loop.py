@@ -39,7 +39,7 @@ from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context
 from sluice.stages.train.elastic import Resize, rank_part
 from sluice.stages.train.evaluate import evaluate
-from sluice.stages.train.schedule import lr_at
+from sluice.stages.train.schedule import lr_at, momentum_at
 from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 
 
@@ -143,6 +143,7 @@ class TrainingRun:
             self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay),
                                      use_buffers=True)
         self.prep = InputPrep(cfg, self.d.device)
+        self.lr_scale = self._reference_lr_scale(self.d.world)
         self.full_bytes = uncompressed_bytes(self.model)
         self.compat = cfg.compat(self.d.world)
         self.ckpt = checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
@@ -176,6 +177,11 @@ class TrainingRun:
             p = max(p, self.elapsed / self.cfg.max_seconds)
         return p
 
+    def _reference_lr_scale(self, world: int) -> float:
+        """lr_reference_batch's factor for the global batch of a run started on ``world`` ranks."""
+        global_batch = self.cfg.batch_size * world * self.cfg.accum_steps
+        return global_batch / self.cfg.lr_reference_batch if self.cfg.lr_reference_batch else 1.0
+
     def maybe_resume(self) -> None:
         if not (self.ckpt and self.cfg.resume and self.ckpt.exists()):
             self.loader.set_epoch(0)
@@ -184,6 +190,8 @@ class TrainingRun:
         s = load_checkpoint(self.ckpt, self.compat,
                             ignore=("world_size",) if self.cfg.resize != "refuse" else ())
         self.resize = Resize.resumed(self.cfg, s, self.d.world, self.batch_scale)
+        # lr_reference_batch refers to the starting global batch; a resize rescales on top
+        self.lr_scale = self._reference_lr_scale(self.resize.world_origin) * self.resize.lr_scale
         self.model.load_state_dict(s["model"])
         self.opt.load_state_dict(s["optimizer"])
         self.scaler.load_state_dict(s["scaler"])
@@ -218,9 +226,12 @@ class TrainingRun:
     def train_step(self, it: Iterator[Any]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        lr = lr_at(cfg, self.progress()) * self.resize.lr_scale
+        lr = lr_at(cfg, self.progress()) * self.lr_scale
+        momentum = momentum_at(cfg, self.progress())
         for g in self.opt.param_groups:
             g["lr"] = lr
+            if "momentum" in g:  # SGD; AdamW keeps its betas
+                g["momentum"] = momentum
         data_s = select_s = 0.0
         loss_sum, n_samples, nonfinite = 0.0, 0, 0
         sel_stats: dict[str, float] = {}
@@ -302,7 +313,7 @@ class TrainingRun:
         where = f"; the last good checkpoint is {self.ckpt}" if self.ckpt and self.ckpt.exists() \
             else "; no checkpoint was written"
         raise NonFiniteLoss(f"loss became NaN/inf at step {self.step + 1} (lr "
-                            f"{lr_at(self.cfg, self.progress()):.3g}){where}. Lower the lr, "
+                            f"{lr_at(self.cfg, self.progress()) * self.lr_scale:.3g}){where}. Lower the lr, "
                             "enable clip_grad_norm, or check the data")
 
     # -- checkpoints, eval, logging ---------------------------------------------------------
@@ -350,8 +361,9 @@ class TrainingRun:
             return None
         self.sync_buffers()
         model = self.ema.module if self.ema is not None else self.model
-        e = {"step": self.step, "elapsed_s": self.elapsed,
-             **evaluate(model, self.eval_loader, self.prep, self.cfg.amp, self.d)}
+        e = {"step": self.step, "elapsed_s": self.elapsed, "wall_time": time.time(),
+             **evaluate(model, self.eval_loader, self.prep, self.cfg.amp, self.d,
+                        tta=self.cfg.eval_tta)}
         self.evals.append(e)
         self.log({"eval": e})
         return e

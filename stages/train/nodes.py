@@ -53,6 +53,13 @@ class NodeSpec(BaseModel):
     cpus: str | None = Field(None, pattern=r"^[0-9]+([,-][0-9]+)*$",
                              description="pin the node's processes to these cores (taskset -c)")
 
+    def core_count(self) -> int | None:
+        """How many cores ``cpus`` names (``0-2,5`` -> 4); None when the node is not pinned."""
+        if not self.cpus:
+            return None
+        spans = [part.split("-") for part in self.cpus.split(",")]
+        return sum(int(s[-1]) - int(s[0]) + 1 for s in spans)
+
 
 class LaunchConfig(BaseModel):
     """Where training runs: this machine (no nodes), or the listed nodes."""
