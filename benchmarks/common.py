@@ -1,7 +1,6 @@
 """Helpers shared by the benchmarks: timing, tables and JSON results."""
 from __future__ import annotations
 
-import os
 import platform
 import time
 from contextlib import contextmanager
@@ -35,35 +34,13 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(out)
 
 
-def host_info() -> dict[str, Any]:
-    """Where and from what a result was measured: git commit, CPU model and the flags that
-    matter here (AVX2/AVX-512/AMX, bf16), cores, load average."""
-    import subprocess
-    model, flags = platform.processor(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    if not commit:  # run from an exported snapshot of the tree (git archive)
-        commit, dirty = os.environ.get("SLUICE_GIT_COMMIT", "unknown"), ""
-    return {"git_commit": commit + ("+dirty" if dirty else ""), "cpu_model": model,
-            "cpu_flags": sorted(f for f in wanted if f in flags), "host_cores": os.cpu_count(),
-            "load_avg": list(os.getloadavg()), "python": platform.python_version()}
-
-
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     from sluice.storage.atomic import write_json
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {**payload, "_meta": {"when": datetime.now(timezone.utc).isoformat(), **host_info()}}
+    from benchmarks.hostinfo import cpu, git_commit, load_average
+    payload = {**payload, "_meta": {"when": datetime.now(timezone.utc).isoformat(), "commit": git_commit(),
+                                    "host": cpu(), "host_cores": cpu()["cores"], "load_average": load_average(),
+                                    "python": platform.python_version()}}
     path = RESULTS / f"{name}.json"
     write_json(path, payload)
     return path

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import host_info, table
+from benchmarks.common import table
+from benchmarks.hostinfo import describe_run
 from deploy.simcluster import SimCluster, netadmin_missing, rate_bits
 from sluice.stages.train.launch import make_job, prepare_run
 from sluice.stages.train.loop import TrainResult
@@ -259,7 +260,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> None:
     g = goals(summary, models)
     print(report(summary, models))
     print(json.dumps(g, indent=1))
-    about = {"command": "python -m benchmarks.compression " + " ".join(argv), "mode": "quick" if args.quick else "full",
+    about = {**describe_run("benchmarks.compression", argv), "mode": "quick" if args.quick else "full",
              "seeds": seeds, "rates": rates, "models": {m: MODELS[m] for m in models}, "modes": MODES,
              "steps": {m: 40 if args.quick else MODELS[m]["steps"] for m in models},
              "eval_every_steps": EVAL_EVERY, "test_images": 2000 if args.quick else TEST_IMAGES,
@@ -268,7 +269,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> None:
              "link": "tbf on each node's send side and on the switch port towards it (full duplex); "
                      "no added latency (this kernel has no netem)",
              "sweep": "for seed: for rate: for model: compute-only baseline (first rate), then modes in "
-                      "alternating order", "total_s": time.time() - t0, **host_info()}
+                      "alternating order", "total_s": time.time() - t0}
     name = "compression_links_quick.json" if args.quick else "compression_links.json"
     out = Path(args.out) if args.out else RESULTS / name
     out.parent.mkdir(parents=True, exist_ok=True)
