@@ -166,9 +166,55 @@ def compression(d: dict[str, Any]) -> list[str]:
     return lines + ["", provenance({**d.get("_about", {}), **d}, "compression.json")]
 
 
+def compression_links(d: dict[str, Any], name: str = "compression_links.json") -> list[str]:
+    summary, goals = d.get("summary") or {}, d.get("goals") or {}
+    if not summary:
+        return []
+    lines = ["#### Gradient compression over shaped links (2 simulated nodes, 1 core each)", "",
+             "Seconds to the uncompressed run's final accuracy minus 1 point (training clock), "
+             "median over the seeds; communication's share of a step against a compute-only step.", "",
+             "| link (measured) | model | mode | s to target | vs uncompressed wall | MB per step | "
+             "comm share | final accuracy |", "|---|---|---|---|---|---|---|---|"]
+    for rate, per in summary.items():
+        mbit = (per.get("measured_mbit") or {}).get("median")
+        for model, modes in per.items():
+            if model == "measured_mbit":
+                continue
+            for mode, v in modes.items():
+                mb = "—" if v.get("bytes_per_step") is None else f"{v['bytes_per_step'] / 1e6:.2f}"
+                lines.append(f"| {rate} ({_s(mbit, ' Mbit/s')}) | {model} | {mode} | "
+                             f"{_s(v.get('seconds_to_target'), ' s', 1)} | {_x(v.get('vs_uncompressed_wall'))} | "
+                             f"{mb} | {_pct(v.get('comm_fraction'), 0)} | {_pct(v.get('final_acc'))} |")
+    for model, g in goals.items():
+        parts = []
+        slow, mid = g.get("100mbit_powersgd_vs_uncompressed_wall"), g.get("1gbit_powersgd_not_slower")
+        if slow:
+            parts.append(f"at 100 Mbit/s PowerSGD in ≤ 0.4× the uncompressed wall time: "
+                         f"**{'met' if slow['met'] else 'missed'}** ({_x(slow['median'])})")
+        if mid:
+            parts.append(f"at 1 Gbit/s not slower: **{'met' if mid['met'] else 'missed'}** "
+                         f"({_s(mid['powersgd_s'], ' s', 1)} vs {_s(mid['none_s'], ' s', 1)})")
+        c = g.get("crossover") or {}
+        wins = [r for r, w in (c.get("powersgd_faster_to_target") or {}).items() if w]
+        fit = c.get("fitted_crossover_mbit")
+        parts.append("PowerSGD reached the target first at " + (", ".join(wins) if wins else "no measured rate")
+                     + "; its steps are faster than uncompressed ones "
+                     + ("at no positive link rate (fit of step time against 1/throughput)" if fit is None
+                        else f"below about {fit:,.0f} Mbit/s (fit of step time against 1/throughput)"))
+        lines += ["", f"{model}: " + "; ".join(parts) + "."]
+    return lines + ["", provenance({**d.get("_about", {}), **d}, name)]
+
+
+def compression_links_quick(d: dict[str, Any]) -> list[str]:
+    if _load("compression_links.json") is not None:  # the full run's block stands instead
+        return []
+    return compression_links(d, "compression_links_quick.json")
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("time_to_accuracy.json", time_to_accuracy), ("demo.json", demo), ("selection.json", selection),
     ("shard.json", shard), ("loader.json", loader), ("compression.json", compression),
+    ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
 ]
 
 
