@@ -198,11 +198,18 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
         wins = [r for r, w in (c.get("powersgd_faster_to_target") or {}).items() if w]
         fit = c.get("fitted_crossover_mbit")
         parts.append("PowerSGD reached the target first at " + (", ".join(wins) if wins else "no measured rate")
-                     + "; its steps are faster than uncompressed ones "
-                     + ("at no positive link rate (fit of step time against 1/throughput)" if fit is None
-                        else f"below about {fit:,.0f} Mbit/s (fit of step time against 1/throughput)"))
+                     + ("; the fit of step time against 1/throughput finds no crossover" if fit is None
+                        else f"; its steps are faster than uncompressed ones below about {fit:,.0f} Mbit/s "
+                             "(fit of step time against 1/throughput)"))
         lines += ["", f"{model}: " + "; ".join(parts) + "."]
-    return lines + ["", provenance({**d.get("_about", {}), **d}, name)]
+    about = d.get("_about", {})
+    if about.get("mode") == "quick":
+        start = (about.get("modes") or {}).get("powersgd_rank2", {}).get("start_iter", "?")
+        steps = max((about.get("steps") or {"?": 0}).values())
+        lines += ["", f"Quick mode: {len(about.get('seeds', []))} seed, {steps} steps, PowerSGD "
+                      f"compressing from step {start + 1 if isinstance(start, int) else start}: a smoke run, "
+                      "not the measurement the goals ask for (the full run has 3 seeds and 200-300 steps)."]
+    return lines + ["", provenance({**about, **d}, name)]
 
 
 def compression_links_quick(d: dict[str, Any]) -> list[str]:
