@@ -32,7 +32,9 @@ def data(tmp_path_factory) -> tuple[dict, dict]:
 def job(data, world: int, **kw):
     cfg = {"model_kwargs": {"width": 4}, "max_steps": 30, "batch_size": G // world, "lr": 0.05,
            "progress": False, "torch_threads": 1, "log_samples": True, "seed": 3,
-           "checkpoint_every_steps": 10, **kw}
+           "checkpoint_every_steps": 10,
+           "lr_reference_batch": G,  # the lr refers to the starting global batch, not the resumed world's
+           **kw}
     sel = {"config": {"method": "infobatch", "prune": 0.5, "anneal": 0.9},
            "candidate_size": G // world, "split_size": N}
     return make_job(cfg, *data, selection=sel)
