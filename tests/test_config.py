@@ -18,7 +18,7 @@ def test_a_partial_section_changes_only_what_it_names(tmp_path):
     # everything not named is the pipeline's default, not the stage class's own default
     for field in ("amp", "channels_last", "model_kwargs", "normalize_mean", "lr"):
         assert getattr(c.train, field) == getattr(default.train, field), field
-    assert c.train.comm.mode == default.train.comm.mode == "powersgd"
+    assert c.train.comm.mode == default.train.comm.mode == "none"
     assert c.augment == default.augment
 
 
