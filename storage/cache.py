@@ -160,12 +160,16 @@ class ArtifactCache:
     def _lock(self, name: str) -> Iterator[None]:
         d = self.dir / ".locks"
         d.mkdir(parents=True, exist_ok=True)
-        fd = os.open(d / name, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        _HELD.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)  # closing releases the lock
+            if fd in _HELD:  # (not when a fork from inside this block closed the child's copy)
+                _HELD.discard(fd)
+                os.close(fd)  # closing the last copy releases the lock
+
 
     # ------------------------------------------------------------------ ahead of need
     def prefetch(self, plan: list[FileRecord]) -> None:
@@ -207,3 +211,19 @@ class ArtifactCache:
                 with self._cond:
                     self._error = e
             done.add(rec.path)
+
+
+# Lock files open in this process. An flock belongs to the open file, which a fork shares: a
+# DataLoader worker forked while the prefetch thread holds a lock would keep it held after the
+# parent lets go, and then wait on it forever itself. Children close their inherited copies.
+_HELD: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)

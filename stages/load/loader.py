@@ -146,9 +146,9 @@ class Loader:
             self.epoch, self._next_batch = epoch + 1, 0
             epoch, start = self.epoch, 0
         order = self.epoch_indices(epoch)
-        t0 = time.perf_counter()
         self.backend()  # built here, in the caller's thread: backends fork workers, never from a thread
         advance = self._prefetch_shards(order, start)
+        t0 = time.perf_counter()
         produced = self._produce(order, epoch, start)
         try:
             for b, batch in enumerate(produced, start):
@@ -313,7 +313,8 @@ class Loader:
         if cache is not None:
             st = cache.stats
             lines.append(f"  cache        {st['fetched']} files fetched ({st['fetched_bytes'] / 1e6:.1f} MB, "
-                         f"{st['retried']} retried), {st['hits']} hits, {st['evicted']} evicted")
+                         f"{st['retried']} retried), {st['hits']} hits, {st['evicted']} evicted "
+                         "(by this process: worker processes count their own)")
         lines.append(f"  verdict      {self.bottleneck()['summary']}")
         return "\n".join(lines)
 
