@@ -140,7 +140,7 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
     log = get_run_logger()
     job = training_job(c, data, il["path"] if il else None)
     with _progress(Path(run_dir) / "metrics.jsonl", log):
-        result = launch(job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
+        result = launch(job, nproc=c.ranks(), out_dir=run_dir, timeout_s=c.train_timeout_s,
                         on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,
@@ -153,23 +153,26 @@ def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, A
     from sluice.storage.registry import Registry
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
-    split = c.promotion.eval_split
+    split, reported = c.promotion.eval_split, c.promotion.report_split
     if not trained.get("checkpoint"):
         raise RuntimeError("training produced no checkpoint; nothing to evaluate")
-    cand = evaluate_checkpoint(trained["checkpoint"], data["root"], split)
+    cand = evaluate_checkpoint(trained["checkpoint"], data["root"], split)  # decides
+    report = evaluate_checkpoint(trained["checkpoint"], data["root"], reported) if reported != split else cand
     reg = Registry(c.registry_dir())
     eval_split = f"{data['fingerprint'][:16]}/{split}"
     rec = reg.register(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
-                       metric=c.promotion.metric, value=cand["acc"], metrics={"test": cand, **trained["summary"]},
+                       metric=c.promotion.metric, value=cand["acc"],
+                       metrics={split: cand, reported: report, **trained["summary"]},
                        config=c.model_dump(mode="json"), run=run)
     champ = reg.champion()
     now = None
-    if champ is not None and champ.eval_split != eval_split:
+    if champ is not None and (champ.eval_split != eval_split or champ.metric != rec.metric):
         now = evaluate_checkpoint(reg.checkpoint_path(champ), data["root"], split)["acc"]
     decision = reg.promote_if_better(rec, margin=c.promotion.margin, champion_value_now=now)
     get_run_logger().info(f"candidate {rec.model_id}: {decision.reason} -> "
                           f"{'PROMOTED' if decision.promoted else 'not promoted'}")
-    return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "wall_s": time.perf_counter() - t0}
+    return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "report": report,
+            "eval_split": split, "report_split": reported, "wall_s": time.perf_counter() - t0}
 
 
 @task(name="report")
@@ -234,7 +237,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     c = _config(config)
     data = data or prepare(c)
     il = None
-    if c.selection.method == "rho_loss":
+    if c.selection.needs_il:
         args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()))
         il = il_task(*args)
         if not Path(il["path"]).exists():  # cached, but deleted since: recompute
@@ -254,6 +257,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
 @flow(name="nightly-retrain", log_prints=True)
 def nightly(config: PipelineConfig | None = None) -> dict[str, Any]:
     """The deployment entry point: prepare, then train and promote only a better model."""
+    started_at = time.time()  # what time-to-accuracy counts from
     c = _config(config)
     data = prepare(c)
-    return train(c, data)
+    return {**train(c, data), "started_at": started_at}
