@@ -201,7 +201,7 @@ def test_a_spoiled_download_is_retried(remote, fmnist_artifact, tmp_path, monkey
     import s3fs
     _Flaky.spoiled.clear()
     _Flaky.spoil = {"train/shard-000001.tar": "corrupt", "train/shard-000003.tar": "truncate"}
-    cfg = dict(split="train", batch_size=64, backend="webdataset", workers=1, sampler=SamplerConfig(kind="shuffle"))
+    cfg = dict(split="train", batch_size=64, backend="webdataset", workers=0, sampler=SamplerConfig(kind="shuffle"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", _Flaky.endpoint)   # through the spoiling proxy
     s3fs.S3FileSystem.clear_instance_cache()
     try:

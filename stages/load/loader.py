@@ -68,9 +68,8 @@ class Loader:
                  rank: int = 0, world_size: int = 1, scores: np.ndarray | None = None,
                  custom_sampler: Sampler | None = None, **overrides: Any):
         cfg = config if isinstance(config, LoaderConfig) else LoaderConfig.model_validate(config or {})
-        if overrides:
-            cfg = cfg.model_copy(update=overrides)
-            cfg = LoaderConfig.model_validate(cfg.model_dump())
+        if overrides:  # validated as fields (a dict for `cache` or `sampler` becomes its model)
+            cfg = LoaderConfig.model_validate({**dict(cfg), **overrides})
         self.config = cfg
         c = cfg.cache
         self.artifact = artifact if isinstance(artifact, DatasetArtifact) else \
