@@ -145,3 +145,15 @@ def test_a_process_forked_while_the_cache_holds_a_lock_does_not_keep_it(tmp_path
     os.write(w, b"x")
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child still holds the parent's lock"
+
+
+def test_the_loader_bottleneck_reaches_the_training_summary_and_the_nightly_report(fmnist_artifact):
+    from sluice.flows.report import markdown_summary
+    from sluice.stages.train import TrainConfig, train
+    L = Loader(fmnist_artifact.root, backend="webdataset", workers=1, batch_size=32)
+    r = train(TrainConfig(model_kwargs={"width": 8}, max_steps=6, batch_size=32, progress=False,
+                          torch_threads=1), L)
+    lp = r.summary["loader"]
+    assert lp["backend"] == "webdataset" and "as configured" in lp["choice"]
+    assert lp["verdict"].endswith("-bound") and "the caller waited" in lp["summary"]
+    assert f"- loader `webdataset`: {lp['summary']}" in markdown_summary({"train": r.summary})

@@ -102,6 +102,7 @@ class Loader:
         self.timings = Timings()
         self.samples_seen = 0
         self.wall_s = 0.0  # time inside iteration, the caller's own work included
+        self._iter_t0: float | None = None  # start of the iteration in progress (a caller may stop mid-epoch)
 
     # ------------------------------------------------------------------ contract
     def __len__(self) -> int:
@@ -147,7 +148,7 @@ class Loader:
         order = self.epoch_indices(epoch)
         self.backend()  # built here, in the caller's thread: backends fork workers, never from a thread
         advance = self._prefetch_shards(order, start)
-        t0 = time.perf_counter()
+        t0 = self._iter_t0 = time.perf_counter()
         produced = self._produce(order, epoch, start)
         try:
             for b, batch in enumerate(produced, start):
@@ -160,6 +161,7 @@ class Loader:
             if close:
                 close()
             self.wall_s += time.perf_counter() - t0
+            self._iter_t0 = None
 
     # ------------------------------------------------------------------ internals
     def _check_resolution(self) -> None:
@@ -293,7 +295,7 @@ class Loader:
         out = dict(be.timings) if be is not None else {}
         out.update(self.timings)
         out["samples"] = float(self.samples_seen)
-        out["wall"] = self.wall_s
+        out["wall"] = self.wall_s + (time.perf_counter() - self._iter_t0 if self._iter_t0 else 0.0)
         return out
 
     def bottleneck(self) -> dict[str, Any]:
