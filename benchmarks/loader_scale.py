@@ -117,12 +117,28 @@ def _device_of(path: str) -> str:
     return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
 
 
-def _own_memcg() -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory directory (children made here nest under its limit)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
         _, ctl, p = line.split(":", 2)
         if "memory" in ctl.split(","):
-            return MEMCG / p.lstrip("/")
-    raise RuntimeError("no cgroup v1 memory hierarchy")
+            d = MEMCG / p.lstrip("/")
+            return d if d.is_dir() else None
+    return None
+
+
+def remove_cgroup(cg: Path) -> None:
+    """Move any process left in ``cg`` to its parent, then remove it."""
+    for pid in (cg / "cgroup.procs").read_text().split():
+        try:
+            (cg.parent / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+    cg.rmdir()
 
 
 def _files(root: str) -> list[Path]:
@@ -151,7 +167,7 @@ def run_one(root: str, backend: str, sampler: str, cond: str, limit: int, thrott
             max_batches: int = 0) -> dict:
     """One epoch in a child process placed in fresh memory and blkio cgroups (removed afterwards)."""
     name = f"sluice-scale-{uuid.uuid4().hex[:8]}"
-    mem, blk = _own_memcg() / name, BLKCG / name
+    mem, blk = own_memory_cgroup() / name, BLKCG / name
     mem.mkdir()
     blk.mkdir()
     try:
@@ -175,13 +191,8 @@ def run_one(root: str, backend: str, sampler: str, cond: str, limit: int, thrott
             row["error"] = r.stderr[-1500:]
         return row
     finally:
-        for cg, parent in ((mem, mem.parent), (blk, blk.parent)):
-            for pid in (cg / "cgroup.procs").read_text().split():
-                try:
-                    (parent / "cgroup.procs").write_text(pid)
-                except OSError:
-                    pass
-            cg.rmdir()
+        remove_cgroup(mem)
+        remove_cgroup(blk)
 
 
 def _blk_read(blk: Path) -> int:
@@ -253,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     mode = "quick" if a.quick else "full"
     prov = describe_run("benchmarks.loader_scale", argv)
-    if os.geteuid() != 0 or not (BLKCG / "blkio.throttle.read_bps_device").exists():
+    if os.geteuid() != 0 or own_memory_cgroup() is None or not (BLKCG / "blkio.throttle.read_bps_device").exists():
         raise SystemExit("needs root and cgroup v1 memory and blkio hierarchies")
     root = large_artifact(mode)
     if a.prepare_only:

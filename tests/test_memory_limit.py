@@ -13,30 +13,21 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from pathlib import Path
 
 import pytest
 
+from benchmarks.loader_scale import own_memory_cgroup, remove_cgroup
 from conftest import ROOT
 
 LIMIT = 448 << 20
 SIDE = 512  # stored image side: 768 kB decoded each
 
 
-def _own_memory_cgroup() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            return d if d.is_dir() else None
-    return None
-
-
 @pytest.fixture
 def memory_cgroup():
     if os.geteuid() != 0:
         pytest.skip("needs root to create a memory cgroup")
-    parent = _own_memory_cgroup()
+    parent = own_memory_cgroup()
     if parent is None or not (parent / "memory.limit_in_bytes").exists():
         pytest.skip("no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
     cg = parent / f"sluice-test-{uuid.uuid4().hex[:8]}"
@@ -48,13 +39,7 @@ def memory_cgroup():
             cg.rmdir()
         pytest.skip(f"cgroup {parent} is not writable here ({e})")
     yield cg
-    # the child has exited; move any straggler out, then remove the group
-    for pid in (cg / "cgroup.procs").read_text().split():
-        try:
-            (parent / "cgroup.procs").write_text(pid)
-        except OSError:
-            pass
-    cg.rmdir()
+    remove_cgroup(cg)  # the child has exited; any straggler moves out first
 
 
 @pytest.fixture(scope="module")
