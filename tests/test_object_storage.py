@@ -12,9 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
