@@ -210,4 +210,6 @@ def test_a_spoiled_download_is_retried(remote, fmnist_artifact, tmp_path, monkey
     x0, i0 = _epoch(Loader(fmnist_artifact.root, **cfg))
     assert torch.equal(i, i0) and torch.equal(x, x0)
     assert len(_Flaky.spoiled) == 2, _Flaky.spoiled
-    assert L.artifact.cache.stats["retried"] >= 2
+    # the corrupt body passed every HTTP check: only the sha256 caught it, and we fetched again
+    # (a body cut short is an HTTP error that s3fs may retry itself before we see it)
+    assert L.artifact.cache.stats["retried"] >= 1
