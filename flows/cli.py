@@ -68,9 +68,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = _pipeline_config(args)
-    print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard -> irreducible loss -> train with "
-          f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.ranks()} ranks -> "
-          f"evaluate -> promote), data under {Path(cfg.data_root).resolve()}", flush=True)
+    il = " -> irreducible loss" if cfg.selection.needs_il else ""
+    sel = f" with {cfg.selection.method} selection" if cfg.selection.method != "none" else ""
+    comm = f", {cfg.train.comm.mode} compression" if cfg.train.comm.mode != "none" else ""
+    print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard{il} -> train {cfg.train.model}{sel} "
+          f"for {cfg.train.epochs:g} epochs on {cfg.ranks()} ranks{comm} -> evaluate -> promote on "
+          f"{cfg.promotion.eval_split}), data under {Path(cfg.data_root).resolve()}", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))
     return 0

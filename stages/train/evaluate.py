@@ -84,8 +84,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLi
                                            prefetch=1))
     hits, loss, n = 0, 0.0, 0
     tta = cfg.get("eval_tta", "none")
+    layout = torch.channels_last if cfg.get("channels_last") else torch.contiguous_format
+    model.to(memory_format=layout)  # as trained: channels-last convolutions are ~2x faster on CPU
     for x, y, _ in loader:
-        out = predict(model, x, tta)
+        out = predict(model, x.contiguous(memory_format=layout), tta)
         hits += int((out.argmax(1) == y).sum())
         loss += float(F.cross_entropy(out, y, reduction="sum"))
         n += len(y)
