@@ -70,6 +70,8 @@ def markdown_summary(s: dict[str, Any]) -> str:
               f"- loader throughput {t.get('samples_per_s', 0):.0f} samples/s, waiting for data "
               f"{100 * t.get('data_wait_frac', 0):.1f}% of step time",
               f"- gradient bytes per step {t.get('bytes_per_step', 0):.0f} (uncompressed {t.get('uncompressed_bytes', 0):.0f})"]
+    if t.get("loader"):  # the loader's bottleneck, from its profile (rank 0)
+        lines.append(f"- loader `{t['loader'].get('backend')}`: {t['loader'].get('summary', '')}")
     sel = s.get("selection")
     if sel:
         lines.append("- selection: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"

@@ -40,7 +40,16 @@ def filesystem(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
         raise ImportError(
             f"no filesystem for {scheme}:// URLs ({e}); install its fsspec package "
             f"(s3fs for s3://, gcsfs for gs://, adlfs for az://)") from e
+    if not any(f is fs for f in _KEEP):
+        _KEEP.append(fs)
     return fs, path
+
+
+# Async filesystems (s3fs) close their session from a finalizer that waits on their event-loop
+# thread. After a fork the child has no such thread, and fsspec drops its instance cache there,
+# so the child would run that finalizer and hang forever (our shard pool and FFCV writer, torch
+# DataLoader workers). Holding every remote filesystem here keeps them alive in children.
+_KEEP: list[fsspec.AbstractFileSystem] = []
 
 
 def join(url: str | os.PathLike, *parts: str) -> str:

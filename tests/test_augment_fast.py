@@ -120,21 +120,27 @@ def test_fast_path_is_reproducible_and_pickles():
 
 
 class _FakeIndex:
-    """What ``_pixels`` needs of a SampleIndex: the encoding, raw bytes, and the PIL decode."""
+    """What ``_pixels`` needs of a SampleIndex: the encoding, raw bytes, the PIL decode, and
+    where to add its decode time."""
     encoding = "jpg"
 
     def __init__(self, blobs):
+        from sluice.stages.load.timings import Timings
         self.blobs = blobs
+        self.timings = Timings()
 
     def read(self, i):
         return self.blobs[i]
 
-    def pixels(self, i):
+    def decode(self, data):
         import io
         from PIL import Image
-        with Image.open(io.BytesIO(self.blobs[i])) as im:
+        with Image.open(io.BytesIO(data)) as im:
             arr = np.asarray(im)
         return arr[:, :, None] if arr.ndim == 2 else arr
+
+    def pixels(self, i):
+        return self.decode(self.blobs[i])
 
 
 def test_opencv_jpeg_decode_matches_pil():

@@ -11,6 +11,16 @@ from sluice.stages.load.backends import LOADER_BACKENDS
 from sluice.stages.load.samplers import ResolutionSchedule, SamplerConfig
 
 
+class CacheConfig(BaseModel):
+    """The local cache for an artifact on object storage (``s3://...``): verified copies of its
+    files, at most ``max_bytes``, shards fetched ``prefetch_shards`` ahead of need."""
+    model_config = ConfigDict(extra="forbid")
+    dir: str | None = Field(None, description="default: $SLUICE_CACHE_DIR or ~/.cache/sluice/artifacts")
+    max_bytes: int | None = Field(None, ge=1, description="evict least recently used files past this; default: no limit")
+    prefetch_shards: int = Field(2, ge=0, description="shards fetched ahead of the one being read")
+    retries: int = Field(3, ge=0, description="re-downloads of a corrupt or truncated file before failing")
+
+
 class LoaderConfig(BaseModel):
     """Everything that shapes what the loader yields."""
     model_config = ConfigDict(extra="forbid")
@@ -27,7 +37,9 @@ class LoaderConfig(BaseModel):
     verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")
     streaming: bool = Field(False, description="webdataset only: plain streaming with shard shuffle (inexact order)")
     shuffle_buffer: int = 1000
-    memory_budget_bytes: int | None = None
+    memory_budget_bytes: int | None = Field(None, description="default: half the tighter of the cgroup's and "
+                                            "the host's free memory (stages/load/budget.py)")
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     seed: int = 0
 
     @field_validator("backend")

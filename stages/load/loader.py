@@ -27,23 +27,33 @@ from sluice.errors import ArtifactError, LoaderError
 from sluice.stages.contracts import Batch, Sampler
 from sluice.stages.load.augment import TorchAugment, batch_seed
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
-from sluice.stages.load.backends.memory import MemoryBackend, available_memory
+from sluice.stages.load.backends.memory import MemoryBackend
+from sluice.stages.load.budget import memory_budget
 from sluice.stages.load.config import LoaderConfig
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.load.samplers import build_sampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
 
 
-def _resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: int | None) -> str:
+def resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: int | None) -> tuple[str, str]:
+    """The backend to use and why: ``auto`` takes ``memory`` when the decoded split fits the
+    loader's memory budget (``stages/load/budget.py``, or ``budget`` when set), else streams."""
     if name != "auto":
-        return name
+        return name, f"{name}, as configured"
+    rec = artifact.manifest.split(split)
+    stream = "ffcv" if rec.ffcv else "webdataset"
     shape = artifact.manifest.fields.image.shape
-    n = artifact.manifest.split(split).count
-    if shape is not None:
-        need = n * int(np.prod(shape))
-        if need <= (budget if budget is not None else available_memory() // 4):
-            return MemoryBackend.name
-    return "ffcv" if artifact.manifest.split(split).ffcv else "webdataset"
+    if shape is None:
+        return stream, f"auto → {stream}: the images have variable sizes (memory needs one shape)"
+    need = rec.count * int(np.prod(shape))
+    if budget is not None:
+        why = f"loader.memory_budget_bytes {budget / 1e9:.2f} GB"
+    else:
+        b = memory_budget()
+        budget, why = b.bytes, b.explain()
+    if need <= budget:
+        return MemoryBackend.name, f"auto → memory: the split decodes to {need / 1e9:.2f} GB, within the {why}"
+    return stream, f"auto → {stream}: the split decodes to {need / 1e9:.2f} GB, more than the {why}"
 
 
 class Loader:
@@ -59,11 +69,12 @@ class Loader:
                  rank: int = 0, world_size: int = 1, scores: np.ndarray | None = None,
                  custom_sampler: Sampler | None = None, **overrides: Any):
         cfg = config if isinstance(config, LoaderConfig) else LoaderConfig.model_validate(config or {})
-        if overrides:
-            cfg = cfg.model_copy(update=overrides)
-            cfg = LoaderConfig.model_validate(cfg.model_dump())
+        if overrides:  # validated as fields (a dict for `cache` or `sampler` becomes its model)
+            cfg = LoaderConfig.model_validate({**dict(cfg), **overrides})
         self.config = cfg
-        self.artifact = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
+        c = cfg.cache
+        self.artifact = artifact if isinstance(artifact, DatasetArtifact) else \
+            open_artifact(artifact, c.dir, c.max_bytes, c.retries, c.prefetch_shards)
         m = self.artifact.manifest
         if cfg.split not in m.splits:
             raise ArtifactError(f"split {cfg.split!r} is not in {self.artifact.root}; it has {sorted(m.splits)}")
@@ -77,20 +88,25 @@ class Loader:
         self.device = torch.device(cfg.device)
         self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
         self._scores, self._custom = scores, custom_sampler is not None
-        self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores)
+        self._shard_sizes = [sh.count for sh in m.splits[cfg.split].shards]
+        self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores,
+                                                       self._shard_sizes)
         if len(self.sampler) == 0:
             raise LoaderError("the sampler yields no samples")
         # the epoch position, global so a resume at another world size continues the epoch
         self.cursor = EpochCursor(self._order_for, len(self.sampler), rank=rank, world=world_size,
                                   batch=cfg.batch_size, drop_last=cfg.drop_last,
                                   mode=cfg.sampler.partition)
-        self.backend_name = _resolve_backend(cfg.backend, self.artifact, cfg.split, cfg.memory_budget_bytes)
+        self.backend_name, self.backend_reason = resolve_backend(cfg.backend, self.artifact, cfg.split,
+                                                                 cfg.memory_budget_bytes)
         self._backend: Backend | None = None
         # On CPU batches a leading RRC(+flip) runs in OpenCV over `workers` threads (same draws as
         # the torch path); CUDA batches take the torch path on the device.
         self.augment = TorchAugment(cfg.augment, cfg.seed, fast_cpu=True, threads=max(1, self.workers))
         self.timings = Timings()
         self.samples_seen = 0
+        self.wall_s = 0.0  # time inside iteration, the caller's own work included
+        self._iter_t0: float | None = None  # start of the iteration in progress (a caller may stop mid-epoch)
 
     # ------------------------------------------------------------------ contract
     @property
@@ -124,7 +140,8 @@ class Loader:
         if global_batch == self.config.batch_size * self.world_size or self._custom \
                 or self.config.sampler.kind != "curriculum":
             return self.sampler.epoch_order(epoch)
-        return build_sampler(self.config.sampler, self.n, global_batch, self._scores).epoch_order(epoch)
+        return build_sampler(self.config.sampler, self.n, global_batch, self._scores,
+                             self._shard_sizes).epoch_order(epoch)
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's index order for an epoch (what the batches will carry, in order)."""
@@ -141,16 +158,21 @@ class Loader:
             epoch, start = self.epoch, 0
         order, drop_last = self.cursor.rank_order(epoch)
         self.backend()  # built here, in the caller's thread: backends fork workers, never from a thread
+        advance = self._prefetch_shards(order, start)
+        t0 = self._iter_t0 = time.perf_counter()
         produced = self._produce(order, epoch, start, drop_last)
         try:
-            for batch in produced:
+            for b, batch in enumerate(produced, start):
                 self.cursor.advance()
                 self.samples_seen += len(batch.labels)
+                advance(b)
                 yield batch
         finally:
             close = getattr(produced, "close", None)
             if close:
                 close()
+            self.wall_s += time.perf_counter() - t0
+            self._iter_t0 = None
 
     # ------------------------------------------------------------------ internals
     def _check_resolution(self) -> None:
@@ -163,6 +185,22 @@ class Loader:
                 if w > max(shape[0], shape[1]):
                     raise LoaderError(f"requested resolution {w} is above the stored {shape[0]}×{shape[1]}; "
                                       "re-shard at a higher resolution")
+
+    def _prefetch_shards(self, order: np.ndarray, start: int):
+        """For an artifact on object storage, fetch the shards this epoch needs into the cache
+        ahead of need, in the order it needs them; returns ``advance(batch)``."""
+        cache = self.artifact.cache
+        if cache is None or not self.backend().reads_shards:
+            return lambda b: None
+        shards = self.artifact.manifest.split(self.config.split).shards
+        firsts = np.array([sh.first_index for sh in shards])
+        bs = self.config.batch_size
+        of = np.searchsorted(firsts, order[start * bs:], side="right") - 1
+        plan, first_at = np.unique(of, return_index=True)
+        by_need = np.argsort(first_at, kind="stable")
+        need_batch = first_at[by_need] // bs + start  # the batch that first needs plan[k]
+        cache.prefetch([shards[int(s)].tar for s in plan[by_need]])
+        return lambda b: cache.advance(int(np.searchsorted(need_batch, b, side="right")) - 1)
 
     def backend(self) -> Backend:
         """The backend, opened on first use (in the caller's thread: backends fork workers)."""
@@ -261,21 +299,69 @@ class Loader:
             yield b
 
     def profile(self) -> dict[str, float]:
-        """Seconds spent per stage so far (backend read/decode, transfer, augment, and the
-        caller's wait for data), with samples seen: where the loading time goes."""
+        """Seconds spent per stage so far (storage ``read``, ``decode``, ``augment``,
+        ``transfer``, ``gather``, and the caller's ``wait`` for data), with ``samples`` seen and
+        ``wall`` (seconds inside iteration): where the loading time goes."""
         be = self._backend
         out = dict(be.timings) if be is not None else {}
         out.update(self.timings)
         out["samples"] = float(self.samples_seen)
+        out["wall"] = self.wall_s + (time.perf_counter() - self._iter_t0 if self._iter_t0 else 0.0)
         return out
+
+    def bottleneck(self) -> dict[str, Any]:
+        """Which resource bounds the loader (``verdict``: storage-, decode- or compute-bound) and
+        how long the caller waited for data; see ``bottleneck``."""
+        return bottleneck(self.profile())
 
     def profile_report(self) -> str:
         p = self.profile()
-        n = p.pop("samples", 0)
-        lines = [f"loader profile ({self.backend_name}, {int(n)} samples):"]
+        n, wall = p.pop("samples", 0), p.pop("wall", 0.0)
+        lines = [f"loader profile ({self.backend_name}, {int(n)} samples, {wall:.1f} s):",
+                 f"  backend      {self.backend_reason}"]
         for k, v in sorted(p.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {k:<12} {v:8.3f} s" + (f"  {v / n * 1e6:8.1f} µs/sample" if n else ""))
+            lines.append(f"  {k:<14} {v:8.3f} s" + (f"  {v / n * 1e6:8.1f} µs/sample" if n else ""))
+        cache = self.artifact.cache
+        if cache is not None:
+            st = cache.stats
+            lines.append(f"  cache        {st['fetched']} files fetched ({st['fetched_bytes'] / 1e6:.1f} MB, "
+                         f"{st['retried']} retried), {st['hits']} hits, {st['evicted']} evicted "
+                         "(by this process: worker processes count their own)")
+        lines.append(f"  verdict      {self.bottleneck()['summary']}")
         return "\n".join(lines)
+
+
+# Each profiled stage is work of one kind: storage reads, decoding, or our own compute.
+STAGE_KINDS = {"read": "storage", "decode": "decode", "decode+augment": "decode",
+               "read+decode": "storage+decode", "augment": "compute", "transfer": "compute",
+               "gather": "compute"}
+
+
+def bottleneck(profile: dict[str, float]) -> dict[str, Any]:
+    """The verdict from a loader profile: the kind of work (storage reads, decode, or compute —
+    augmentation, transfer, gathers) that took the most seconds, its share of the loader's work,
+    and the share of the caller's time spent waiting for data (low: the loader keeps up, and
+    the caller's own work sets the pace)."""
+    kinds: dict[str, float] = {}
+    for k, v in profile.items():
+        if k in STAGE_KINDS:
+            kinds[STAGE_KINDS[k]] = kinds.get(STAGE_KINDS[k], 0.0) + v
+    total = sum(kinds.values())
+    wall, wait = profile.get("wall", 0.0), profile.get("wait", 0.0)
+    wait_share = wait / wall if wall > 0 else None
+    if total <= 0:
+        return {"verdict": "unknown", "shares": {}, "wait_share": wait_share,
+                "summary": "unknown: nothing loaded yet"}
+    shares = {k: v / total for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+    top = next(iter(shares))
+    verdict = f"{top}-bound"
+    others = ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items() if k != top)
+    summary = f"{verdict}: {top} {100 * shares[top]:.0f}% of the loader's work" + (f" ({others})" if others else "")
+    if wait_share is not None:
+        summary += f"; the caller waited for data {100 * wait_share:.0f}% of its time"
+        if wait_share < 0.1:
+            summary += " (the loader keeps up: the caller's own work sets the pace)"
+    return {"verdict": verdict, "shares": shares, "wait_share": wait_share, "summary": summary}
 
 
 def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -8,24 +8,36 @@ from __future__ import annotations
 
 import io
 import os
+import time
+from collections import OrderedDict
 
 import numpy as np
 
-from sluice.storage.artifact import DatasetArtifact
 from sluice.errors import ArtifactError
+from sluice.stages.load.timings import Timings
+from sluice.storage.artifact import DatasetArtifact
+from sluice.storage.manifest import FileRecord
+
+MAX_OPEN = 16  # shard files kept open per process
 
 
 class SampleIndex:
     """Offsets of each sample's image member; ``read(i)`` returns its bytes, ``pixels(i)`` the
-    decoded uint8 HWC array. Safe to pickle into worker processes (files reopen lazily)."""
+    decoded uint8 HWC array. Safe to pickle into worker processes (files reopen lazily).
 
-    def __init__(self, artifact: DatasetArtifact, split: str):
+    Storage reads and decodes are timed into ``timings`` ("read", "decode"). Shard files are
+    located on first use (``artifact.local``): for an artifact on object storage that fetches
+    the shard into the verified local cache, so nothing unverified is ever read."""
+
+    def __init__(self, artifact: DatasetArtifact, split: str, timings: Timings | None = None):
+        self.timings = timings if timings is not None else Timings()
+        self._locate = artifact.locator()
         m = artifact.manifest
         rec = m.split(split)
         self.encoding = m.fields.image.encoding
         self.shape = m.fields.image.shape
         self.count = rec.count
-        self.paths: list[str] = []
+        self.tars: list[FileRecord] = []
         self.shard_of = np.empty(rec.count, np.int32)
         self.offset = np.empty(rec.count, np.int64)
         self.size = np.empty(rec.count, np.int64)
@@ -34,8 +46,8 @@ class SampleIndex:
             if sh.dali_index is None:
                 raise ArtifactError(f"split {split!r} has no DALI index files (formats={m.formats}); "
                                     "re-shard with the dali format for indexed access")
-            self.paths.append(str(artifact.local(sh.tar)))
-            lines = artifact.local(sh.dali_index).read_text().split("\n")
+            self.tars.append(sh.tar)
+            lines = self._locate(sh.dali_index).read_text().split("\n")
             header = lines[0].split()
             if len(header) != 2 or header[0] != "v1.2" or int(header[1]) != sh.count:
                 raise ArtifactError(f"{sh.dali_index.path}: bad index header {lines[0]!r} (expected 'v1.2 {sh.count}')")
@@ -48,40 +60,60 @@ class SampleIndex:
                         break
                 else:
                     raise ArtifactError(f"{sh.dali_index.path}: sample {k} has no .{ext} member")
-        self._fds: dict[int, int] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()
         self._npy_header: int | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_fds"] = {}
+        state["_fds"] = OrderedDict()
         return state
+
+    def path(self, s: int) -> str:
+        """Local path of shard ``s`` (fetched into the cache first for a remote artifact)."""
+        return str(self._locate(self.tars[s]))
 
     def _fd(self, s: int) -> int:
         fd = self._fds.get(s)
         if fd is None:
-            fd = self._fds[s] = os.open(self.paths[s], os.O_RDONLY)
+            t = time.perf_counter()
+            path = self.path(s)
+            self.timings.add("read", time.perf_counter() - t)  # a cache fetch is a storage read
+            fd = self._fds[s] = os.open(path, os.O_RDONLY)
+            while len(self._fds) > MAX_OPEN:  # an evicted cache file is freed once it is closed
+                os.close(self._fds.popitem(last=False)[1])
+        else:
+            self._fds.move_to_end(s)
         return fd
 
     def read(self, i: int) -> bytes:
         s, off, size = int(self.shard_of[i]), int(self.offset[i]), int(self.size[i])
-        data = os.pread(self._fd(s), size, off)
+        fd = self._fd(s)
+        t = time.perf_counter()
+        data = os.pread(fd, size, off)
+        self.timings.add("read", time.perf_counter() - t)
         if len(data) != size:
-            raise ArtifactError(f"{self.paths[s]} is truncated: sample {i} needs bytes {off}..{off + size}")
+            raise ArtifactError(f"{self.tars[s].path} is truncated: sample {i} needs bytes {off}..{off + size}")
         return data
 
     def pixels(self, i: int) -> np.ndarray:
         """Decoded uint8 HWC pixels (npy without unpickling; png/jpg through PIL)."""
-        data = self.read(i)
-        if self.encoding == "npy":
-            if self._npy_header is None:
-                arr = np.load(io.BytesIO(data), allow_pickle=False)
-                self._npy_header = len(data) - arr.nbytes
-                return arr
-            return np.frombuffer(data, np.uint8, offset=self._npy_header).reshape(self.shape)
-        from PIL import Image
-        with Image.open(io.BytesIO(data)) as im:
-            arr = np.asarray(im)
-        return arr[:, :, None] if arr.ndim == 2 else arr
+        return self.decode(self.read(i))
+
+    def decode(self, data: bytes) -> np.ndarray:
+        t = time.perf_counter()
+        try:
+            if self.encoding == "npy":
+                if self._npy_header is None:
+                    arr = np.load(io.BytesIO(data), allow_pickle=False)
+                    self._npy_header = len(data) - arr.nbytes
+                    return arr
+                return np.frombuffer(data, np.uint8, offset=self._npy_header).reshape(self.shape)
+            from PIL import Image
+            with Image.open(io.BytesIO(data)) as im:
+                arr = np.asarray(im)
+            return arr[:, :, None] if arr.ndim == 2 else arr
+        finally:
+            self.timings.add("decode", time.perf_counter() - t)
 
     def close(self) -> None:
         for fd in self._fds.values():

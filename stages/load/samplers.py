@@ -55,6 +55,34 @@ class ShuffleSampler:
         return _rng(self.seed, epoch).permutation(self.n).astype(np.int64)
 
 
+class ShardBlockSampler:
+    """Shuffle for streaming: the shards in a random order, then the samples of each window of
+    ``window`` consecutive shards shuffled together. A reader needs only ``window`` shards at a
+    time and reads each shard whole, once per epoch (object storage, datasets beyond memory);
+    ``window`` = all shards is the global shuffle. Every sample appears once per epoch."""
+
+    def __init__(self, shard_sizes: list[int] | np.ndarray, window: int = 4, seed: int = 0):
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        if sizes.ndim != 1 or len(sizes) == 0 or (sizes < 0).any():
+            raise LoaderError(f"shard_block needs the split's shard sizes, got {sizes!r}")
+        if window < 1:
+            raise LoaderError(f"shard_block window must be >= 1 shard, got {window}")
+        self.starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.n, self.window, self.seed = int(self.starts[-1]), window, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        rng = _rng(self.seed, epoch)
+        shards = rng.permutation(len(self.starts) - 1)
+        parts = []
+        for w in range(0, len(shards), self.window):
+            block = np.concatenate([np.arange(self.starts[s], self.starts[s + 1]) for s in shards[w:w + self.window]])
+            parts.append(rng.permutation(block))
+        return np.concatenate(parts).astype(np.int64)
+
+
 class WeightedSampler:
     """Samples drawn in proportion to ``weights``: with replacement (``num_samples`` draws), or
     without (every sample once, heavier ones earlier: Efraimidis–Spirakis keys)."""
@@ -196,8 +224,9 @@ class ResolutionSchedule(BaseModel):
 class SamplerConfig(BaseModel):
     """How the loader orders each epoch; arrays come from a .npy path or the Python call."""
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["sequential", "shuffle", "weighted", "curriculum"] = "shuffle"
+    kind: Literal["sequential", "shuffle", "shard_block", "weighted", "curriculum"] = "shuffle"
     seed: int = 0
+    window: int = Field(4, ge=1, description="shard_block: shards shuffled together (held at once)")
     partition: Literal["pad", "drop"] = "pad"
     scores: str | None = Field(None, description=".npy file of per-sample weights or difficulty (split-aligned)")
     replacement: bool = True
@@ -218,10 +247,17 @@ def load_scores(path: str, n: int, what: str) -> np.ndarray:
     return arr
 
 
-def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndarray | None = None) -> Sampler:
-    """The sampler for a split of ``n`` samples; ``scores`` overrides ``cfg.scores``."""
+def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndarray | None = None,
+                  shard_sizes: list[int] | None = None) -> Sampler:
+    """The sampler for a split of ``n`` samples; ``scores`` overrides ``cfg.scores``;
+    ``shard_sizes`` (samples per shard, in split-index order) is what ``shard_block`` needs."""
     if n == 0:
         raise LoaderError("the split is empty: nothing to sample")
+    if cfg.kind == "shard_block":
+        if not shard_sizes or sum(shard_sizes) != n:
+            raise LoaderError(f"the shard_block sampler needs the split's shard sizes summing to {n}; "
+                              f"got {shard_sizes} (re-shard with the webdataset format)")
+        return ShardBlockSampler(shard_sizes, cfg.window, cfg.seed)
     if cfg.kind in ("weighted", "curriculum"):
         if scores is None:
             if not cfg.scores:

@@ -483,6 +483,11 @@ class TrainingRun:
             if cand:  # rank 0's share of its candidates trained, and its scoring cost
                 summary["selection_trained_fraction"] = sum(m["select/n_selected"] for m in ms) / cand
                 summary["selection_seconds_per_step"] = sum(m["select_s"] for m in ms) / n
+            bottleneck = getattr(self.loader, "bottleneck", None)  # sluice's Loader profiles itself
+            if callable(bottleneck):
+                summary["loader"] = {"backend": getattr(self.loader, "backend_name", None),
+                                     "choice": getattr(self.loader, "backend_reason", None),
+                                     **{k: v for k, v in bottleneck().items() if k in ("verdict", "summary")}}
             if self.cfg.comm.mode == "powersgd":  # the compressed phase only
                 late = [m["bytes_comm"] for m in ms if m["step"] > self.cfg.comm.start_iter]
                 if late:

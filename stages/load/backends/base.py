@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from sluice.plugins import PluginRegistry
+from sluice.stages.load.timings import Timings
 from sluice.storage.artifact import DatasetArtifact
 
 if TYPE_CHECKING:  # the loader config imports this registry; no runtime cycle
@@ -26,13 +27,6 @@ if TYPE_CHECKING:  # the loader config imports this registry; no runtime cycle
 
 RawBatch = tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]
 LOADER_BACKENDS: PluginRegistry[type["Backend"]] = PluginRegistry("loader_backends", "loader backend")
-
-
-class Timings(dict):
-    """Cumulative seconds per loading stage (read / decode / augment / transfer / wait)."""
-
-    def add(self, key: str, seconds: float) -> None:
-        self[key] = self.get(key, 0.0) + seconds
 
 
 def batch_slices(n: int, batch_size: int, drop_last: bool, start_batch: int) -> list[tuple[int, int]]:
@@ -47,6 +41,7 @@ class Backend:
     name: ClassVar[str] = ""
     augments: ClassVar[bool] = False  # yields finished batches (augmented, on the device)
     forks_per_epoch: bool = False  # starts worker processes per epoch: no prefetch thread
+    reads_shards: ClassVar[bool] = False  # reads the tar shards by sample (remote: prefetch them)
     timings: Timings
 
     @classmethod

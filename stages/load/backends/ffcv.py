@@ -1,4 +1,6 @@
-"""``ffcv``: FFCV's compiled reader over the split's ``.beton``, driven by our order."""
+"""``ffcv``: FFCV's compiled reader over the split's ``.beton``, driven by our order; a readahead
+thread reads the next batches' bytes (``stages/load/readahead.py``), so storage reads are timed
+apart from FFCV's decode."""
 from __future__ import annotations
 
 import os
@@ -10,6 +12,7 @@ import torch
 
 from sluice.errors import LoaderError, require
 from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices
+from sluice.stages.load.readahead import Readahead
 from sluice.storage.artifact import DatasetArtifact
 
 
@@ -43,6 +46,15 @@ class FfcvBackend(Backend):
                              drop_last=False, batches_ahead=2,
                              pipelines={"image": [image], "label": [IntDecoder()], "index": [IntDecoder()], "key": None})
         self.timings = Timings()
+        table = np.sort(self.loader.reader.alloc_table, order="sample_id")
+        self._alloc = table
+        self._starts = np.searchsorted(table["sample_id"], np.arange(rec.count + 1))
+
+    def _ranges(self, idx: np.ndarray) -> list[tuple[int, int]]:
+        """(offset, size) of every allocation (image bytes, key) of these samples."""
+        t, st = self._alloc, self._starts
+        rows = np.concatenate([np.arange(st[i], st[i + 1]) for i in idx]) if len(idx) else np.arange(0)
+        return list(zip(t["ptr"][rows].tolist(), t["size"][rows].tolist()))
 
     def epoch(self, order: np.ndarray, batch_size: int, drop_last: bool, start_batch: int = 0, *,
               resolution: int | None = None, epoch: int = 0) -> Iterator[RawBatch]:
@@ -54,7 +66,10 @@ class FfcvBackend(Backend):
         if not spans:
             return
         Compiler.set_num_threads(self.workers)
+        ahead = Readahead(self.path, self._ranges, self.timings)
+        ahead.start([order[lo:hi] for lo, hi in spans])
         it = EpochIterator(self.loader, order[spans[0][0]: spans[-1][1]].astype(np.uint64))
+        taken = 0
         try:
             while True:
                 t = time.perf_counter()
@@ -64,9 +79,12 @@ class FfcvBackend(Backend):
                     return
                 # FFCV reuses its output buffers a few batches later: copy out.
                 out = (np.array(x), np.array(y).reshape(-1).astype(np.int64), np.array(idx).reshape(-1).astype(np.int64))
-                self.timings.add("read+decode", time.perf_counter() - t)
+                self.timings.add("decode", time.perf_counter() - t)  # storage reads: the readahead's
+                taken += 1
+                ahead.taken(taken)
                 yield out
         finally:
+            ahead.stop()
             it.close()
 
 

@@ -25,8 +25,9 @@ class _IndexedTarDataset(torch.utils.data.Dataset):
         return self.si.count
 
     def __getitem__(self, batch: np.ndarray):  # a whole batch per call: one IPC round trip
+        self.si.timings = Timings()  # this batch's read and decode seconds travel with it
         imgs = np.stack([pixels(self.si, int(i)) for i in batch])
-        return imgs, self.labels[batch], batch
+        return imgs, self.labels[batch], batch, dict(self.si.timings)
 
 
 @LOADER_BACKENDS.register("webdataset")
@@ -35,6 +36,7 @@ class WebDatasetBackend(Backend):
     ``workers`` DataLoader processes. ``streaming=True`` is plain WebDataset instead: shards
     shuffled, a shuffle buffer, no exact order and resume only at epoch boundaries."""
     name = "webdataset"
+    reads_shards = True
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "WebDatasetBackend":
@@ -64,11 +66,9 @@ class WebDatasetBackend(Backend):
                                          persistent_workers=False)
         with fork_safe():  # DataLoader forks its workers when the iterator starts
             it = iter(dl)
-        t = time.perf_counter()
-        for imgs, labels, idx in it:
-            self.timings.add("read+decode", time.perf_counter() - t)
+        for imgs, labels, idx, spent in it:
+            self.timings.merge(spent)  # worker-seconds of storage reads and decodes
             yield imgs, labels, idx
-            t = time.perf_counter()
 
     def _stream(self, order: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[RawBatch]:
         """Plain WebDataset: as many samples as this rank's share, in stream order."""
@@ -92,7 +92,8 @@ class WebDatasetBackend(Backend):
         buf: list = []
         emitted = 0
         t = time.perf_counter()
-        for img, label, idx in ds:
+        for img, label, idx in ds:  # webdataset reads and decodes in one stream: not split
+            self.timings.add("read+decode", time.perf_counter() - t)
             buf.append((img, label, idx))
             if len(buf) == batch_size:
                 yield self._collate(buf)
@@ -100,9 +101,9 @@ class WebDatasetBackend(Backend):
                 buf = []
                 if emitted >= len(order):
                     return
+            t = time.perf_counter()
         if buf and not drop_last:
             yield self._collate(buf)
-        self.timings.add("read+decode", time.perf_counter() - t)
 
     @staticmethod
     def _collate(buf):
