@@ -112,7 +112,13 @@ class Loader:
         for k in ("split", "batch_size", "world_size"):
             if state.get(k) != self.state_dict()[k]:
                 raise LoaderError(f"loader state has {k}={state.get(k)!r}, this loader {self.state_dict()[k]!r}")
-        self.epoch, self._next_batch = int(state["epoch"]), int(state["next_batch"])
+        epoch, nxt = state.get("epoch"), state.get("next_batch")
+        if not _is_int(epoch) or epoch < 0:
+            raise LoaderError(f"loader state has epoch={epoch!r}; it must be an integer >= 0")
+        if not _is_int(nxt) or not 0 <= nxt <= len(self):
+            raise LoaderError(f"loader state has next_batch={nxt!r}; it must be an integer from 0 to "
+                              f"{len(self)} (the batches in an epoch)")
+        self.epoch, self._next_batch = int(epoch), int(nxt)
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's index order for an epoch (what the batches will carry, in order)."""
@@ -274,3 +280,7 @@ def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> t
     art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
     be = MemoryBackend(art, split, os.cpu_count() or 1)
     return be.images, be.labels
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
