@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.flows.config import merge
 from sluice.stages.data.config import PrepareConfig
@@ -20,13 +20,21 @@ from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import CommConfig, TrainConfig
 from sluice.stages.train.job import TrainJob
+from sluice.storage.manifest import SPLITS
 
 
 class PromotionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     metric: str = "test_acc"
-    eval_split: str = "test"
+    eval_split: str = Field("test", description=f"the split candidates are evaluated on: one of {', '.join(SPLITS)}")
     margin: float = Field(0.0, ge=0, description="a candidate must beat the champion by more than this")
+
+    @field_validator("eval_split")
+    @classmethod
+    def _a_split(cls, v: str) -> str:
+        if v not in SPLITS:
+            raise ValueError(f"unknown split {v!r}; a dataset artifact has the splits {', '.join(SPLITS)}")
+        return v
 
 
 def _default_train() -> TrainConfig:
@@ -79,6 +87,16 @@ class PipelineConfig(BaseModel):
                                             "see the same paths)")
     train_timeout_s: float = Field(3600, gt=0)
 
+    @model_validator(mode="after")
+    def _eval_split_is_not_empty(self) -> "PipelineConfig":
+        """Checked here, before any stage runs: a split the ingest config leaves empty."""
+        ingest, split = self.prepare.ingest, self.promotion.eval_split
+        share = {"holdout": ingest.holdout_fraction, "val": ingest.val_fraction}.get(split)
+        if share == 0:
+            raise ValueError(f"promotion.eval_split={split!r} but prepare.ingest.{split}_fraction is 0, "
+                             "so that split would be empty")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _partial_sections_keep_pipeline_defaults(cls, data: Any) -> Any:
@@ -113,6 +131,7 @@ def dataset_info(summary) -> dict[str, Any]:
     from a ``sluice.stages.data.shard.ShardSummary``."""
     m = summary.manifest
     return {"root": summary.root, "fingerprint": m.fingerprint, "counts": m.counts(), "quarantined": m.quarantined,
+            "damaged_sources": len(m.damaged_sources),
             "reused": summary.reused, "seconds": summary.seconds, "num_classes": m.fields.label.num_classes,
             "channels": (m.fields.image.shape or (0, 0, 3))[2]}
 
