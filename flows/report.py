@@ -118,7 +118,7 @@ def markdown_summary(s: dict[str, Any]) -> str:
               f"- **{t.get('steps', 0)} steps** on {t.get('world_size', 1)} ranks "
               f"(stopped by {t.get('stopped_by', 'n/a')}), comm `{t.get('comm', 'none')}`, amp `{t.get('amp', 'n/a')}`",
               f"- final evaluation accuracy **{_f(t.get('final_acc'))}** on `{t.get('eval_split', 'test')}`"
-              + (f" after {len(evals)} evaluations" if evals else ""),
+              + (f" ({len(evals)} evaluation{'s' if len(evals) != 1 else ''} during training)" if evals else ""),
               f"- loader throughput {_f(t.get('samples_per_s'), '.0f')} samples/s, waiting for data "
               f"{_f(100 * t['data_wait_frac'] if 'data_wait_frac' in t else None, '.1f')}% of step time",
               f"- gradient bytes per step {_f(t.get('bytes_per_step'), '.0f')} "

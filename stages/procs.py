@@ -50,6 +50,18 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
     return lambda: die_with_parent(parent)
 
 
+def forget_parent_threads() -> None:
+    """First thing in a forked child: drop the thread-exit callbacks inherited from the parent.
+
+    Libraries register them for their own background threads (Prefect's log and event workers),
+    which do not exist in a fork; run at the child's exit they fail (Prefect's raise an
+    AssertionError in ``threading._shutdown``) and turn the child's clean exit into exit code 1.
+    """
+    import threading
+    with contextlib.suppress(AttributeError):  # CPython's list of them (3.9+)
+        threading._threading_atexits.clear()  # type: ignore[attr-defined]
+
+
 def default_sigterm() -> None:
     """Pool initializer: a forked worker dies quietly on SIGTERM (``Pool.terminate``) instead of
     running a handler it inherited from its parent (Prefect's prints a TerminationSignal
@@ -68,6 +80,7 @@ _WORKER_CONTEXT: list = []
 
 
 def _init_worker(parent_pid: int, context) -> None:
+    forget_parent_threads()
     default_sigterm()
     die_with_parent(parent_pid)
     _WORKER_CONTEXT[:] = [context]

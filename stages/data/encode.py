@@ -61,8 +61,8 @@ def to_label(value: object, num_classes: int | None) -> int:
         except UnicodeDecodeError:
             raise SampleError(f"label {bytes(value)[:16]!r} is not an integer") from None
     if isinstance(value, str):
-        s = value.strip()
-        if not (s.lstrip("-").isdigit()):
+        s = value.strip().lstrip("\ufeff").strip()  # a byte-order mark is encoding, not content
+        if not (s.isascii() and s.lstrip("-").isdigit()):  # "²".isdigit() is True, int("²") fails
             raise SampleError(f"label {value!r} is not an integer")
         label = int(s)
     elif isinstance(value, (bool, np.bool_)):
@@ -150,8 +150,11 @@ def _decode_bytes(data: bytes, ext: str | None, channels: int | None, max_pixels
                 raise SampleError("floating-point pixels cannot be stored as 8 bits without changing them")
             mode = "L" if channels == 1 or (channels is None and im.mode in ("L", "LA", "1")) else "RGB"
             return np.asarray(im.convert(mode))
-    except Image.DecompressionBombError as e:
-        raise SampleError(f"image refused as a decompression bomb by PIL's own limit: {e}") from None
+    except Image.DecompressionBombError:  # PIL refuses it at open, before our own check
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        ours = f"more than shard.max_pixels={max_pixels:,} and " if max_pixels and max_pixels < limit else ""
+        raise SampleError(f"image has {ours}more than the {limit:,} pixels PIL will decode (a decompression "
+                          "bomb?)") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise SampleError(f"cannot decode image ({ext or 'unknown format'}): {e}") from None
 

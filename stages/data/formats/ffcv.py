@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,11 @@ from sluice.errors import SampleError, ShardError, require
 from sluice.stages.data.config import ShardConfig
 from sluice.stages.data.encode import ShardJob
 from sluice.stages.data.scan import PlannedSample
-from sluice.stages.procs import describe_exit, die_with_parent, fork_safe
+from sluice.stages.procs import describe_exit, die_with_parent, fork_safe, forget_parent_threads
 from sluice.storage import atomic
 
 FAILED = ".ffcv-failed"  # written by earlier versions; removed when an artifact is finished
+EXIT_GRACE_S = 5.0  # how long FFCV may go on after its worker exited with an error before it counts as stuck
 
 
 class _FfcvView:
@@ -127,13 +129,21 @@ class _WorkerWatch:
             self.writer.metadata_sm.unlink()
 
     def _watch(self) -> None:
+        exited_at = None
         while not self.stop.wait(0.2):
             try:  # a child that ended, left waitable (WNOWAIT) for multiprocessing to reap
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 continue
-            if info is not None and not (info.si_code == os.CLD_EXITED and info.si_status == 0):
-                self._fail(info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)
+            if info is None or (info.si_code == os.CLD_EXITED and info.si_status == 0):
+                continue
+            if info.si_code != os.CLD_EXITED:  # killed by a signal (the OOM killer, kill -9)
+                self._fail(-info.si_status)
+            # An error exit is fatal only if FFCV is left waiting: an exit hook that fails after
+            # the worker's work was done would otherwise fail a complete file.
+            exited_at = exited_at or time.monotonic()
+            if time.monotonic() - exited_at > EXIT_GRACE_S:
+                self._fail(info.si_status)
 
     def _fail(self, exitcode: int) -> None:
         self.log.flush()
@@ -168,6 +178,7 @@ class FfcvWriter:
     def _child(self, parent: int, conn) -> None:
         os.setpgid(0, 0)  # FFCV's worker joins this group; abort() and the watchdog kill it all
         die_with_parent(parent)
+        forget_parent_threads()  # FFCV's worker inherits this: a clean exit stays exit code 0
         signal.signal(signal.SIGTERM, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         try:
