@@ -14,8 +14,10 @@ won a race, so two runs would write different bytes for the same fingerprint.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing as mp
 import os
+import re
 import signal
 import sys
 import threading
@@ -33,6 +35,7 @@ from sluice.storage import atomic
 
 FAILED = ".ffcv-failed"  # written by earlier versions; removed when an artifact is finished
 EXIT_GRACE_S = 5.0  # how long FFCV may go on after its worker exited with an error before it counts as stuck
+_PROGRESS = re.compile(r"\d+%\|.*\| \d+/\d+ \[")  # a line of FFCV's tqdm progress bar
 
 
 class _FfcvView:
@@ -107,6 +110,8 @@ class _WorkerWatch:
         try:
             fd = os.memfd_create("sluice-ffcv-stderr")
             self.log = os.fdopen(fd, "w+")
+            # Append-only: FFCV's progress bar here and a worker's traceback never overwrite each other
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
         except (AttributeError, OSError):
             self.log = tempfile.TemporaryFile("w+")
         self.saved, sys.stderr = sys.stderr, self.log  # FFCV's workers inherit it when forked
@@ -148,8 +153,10 @@ class _WorkerWatch:
     def _fail(self, exitcode: int) -> None:
         self.log.flush()
         self.log.seek(0)
-        lines = [ln for ln in self.log.read().splitlines() if ln.strip()]
-        last = lines[-1] if lines else describe_exit(exitcode)
+        text = self.log.read()
+        tail = text.rsplit("Traceback (most recent call last):", 1)[-1]  # the dying worker's own error
+        lines = [ln for ln in tail.splitlines() if ln.strip() and not _PROGRESS.search(ln)]
+        last = lines[-1].strip() if lines and exitcode > 0 else describe_exit(exitcode)
         if "No space left" in last or "Errno 28" in last:
             self.report(f"disk full while writing {self.target}: no space left on device")
         else:
@@ -198,6 +205,10 @@ class FfcvWriter:
             self._fork()
 
     def _fork(self) -> None:
+        # FFCV's import takes seconds: done here, the next shard run of this process (a notebook,
+        # a retried flow task, the tests) finds it instead of paying again in every child.
+        _ffcv_fields(self.cfg, self.shape)
+        import ffcv.writer  # noqa: F401
         recv, send = mp.get_context("fork").Pipe(duplex=False)
         self.proc = mp.get_context("fork").Process(target=self._child, args=(os.getpid(), send),
                                                    name="sluice-ffcv-writer")
