@@ -172,6 +172,16 @@ def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, A
     return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "wall_s": time.perf_counter() - t0}
 
 
+def run_summary(data: dict[str, Any], il: dict[str, Any] | None, trained: dict[str, Any],
+                decision: dict[str, Any], eval_split: str) -> dict[str, Any]:
+    """What the report shows: the training summary with the result's own step count, final
+    accuracy and evaluations (the summary alone has none of them)."""
+    return {"dataset": data, "il": il, "promotion": decision,
+            "train": {**trained["summary"], "steps": trained["steps"], "final_acc": trained["final_acc"],
+                      "evals": trained["evals"], "eval_split": eval_split},
+            "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
+
+
 @task(name="report")
 def report_task(summary: dict[str, Any], metrics_path: str) -> str:
     md = report_markdown(summary, metrics_path)
@@ -232,11 +242,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
     trained = train_task(c.model_dump(mode="json"), data, il, str(run_dir))
     decision = promote_task(c.model_dump(mode="json"), data, trained, run)
-    summary = {"dataset": data, "il": il, "promotion": decision,
-               "train": {**trained["summary"], "steps": trained["steps"], "final_acc": trained["final_acc"],
-                         "evals": trained["evals"], "eval_split": c.promotion.eval_split},
-               "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
-    report_task(summary, trained["metrics_path"])
+    report_task(run_summary(data, il, trained, decision, c.promotion.eval_split), trained["metrics_path"])
     return {"dataset": data, "il": il, "train": {k: v for k, v in trained.items() if k != "evals"},
             "promotion": decision, "run_dir": str(run_dir)}
 
