@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from procwatch import pids_with_env
 from sluice.stages.load.arrays import fashion_mnist
 from sluice.stages.train.launch import launch, make_job
 
@@ -53,18 +54,6 @@ def socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def pids_with_env(marker: str) -> list[int]:
-    want = marker.encode()
-    pids = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if want in env.read_bytes().split(b"\0"):
-                pids.append(int(env.parent.name))
-        except OSError:
-            continue
-    return pids
-
-
 def is_loopback(addr: str) -> bool:
     return addr.startswith("127.") or addr in ("::1", "::ffff:127.0.0.1") or addr.startswith("::ffff:127.")
 
@@ -88,7 +77,7 @@ def test_single_node_training_listens_on_loopback_only(tmp_path):
     x, y = fashion_mnist("train")
     np.savez(tmp_path / "train.npz", images=x[:1024], labels=y[:1024])
     spec = {"kind": "arrays", "path": str(tmp_path / "train.npz"), "delay_s": 0.05}  # slow: time to look
-    cfg = {"model_kwargs": {"width": 8}, "max_steps": 40, "batch_size": 32, "lr": 0.05, "progress": False,
+    cfg = {"model_kwargs": {"width": 8}, "max_steps": 24, "batch_size": 32, "lr": 0.05, "progress": False,
            "torch_threads": 1}
     marker = f"SLUICE_LISTEN_PROBE={uuid.uuid4().hex}"
     box: dict = {}
@@ -122,7 +111,7 @@ def test_single_node_training_listens_on_loopback_only(tmp_path):
                     reachable.append(f"{addr}:{port}")
     t.join(300)
     assert "error" not in box, box.get("error")
-    assert box["result"].steps == 40
+    assert box["result"].steps == 24
     assert len({p for p, _, _ in seen}) >= 3, seen  # torchrun and both ranks were seen listening
     exposed = {k: v for k, v in seen.items() if not is_loopback(k[1])}
     assert exposed == {}, f"listening beyond loopback: {exposed}"

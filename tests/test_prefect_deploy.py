@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import yaml
 
 from conftest import ROOT
 from prefect_stack import api
+from procwatch import pids_with_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -133,15 +133,7 @@ def test_shard_map_runs_on_a_dask_cluster(stack, tmp_path):
 
 def _flow_run_pids(run_id: str) -> list[int]:
     """Processes executing this flow run (the worker exports its id to the run's process)."""
-    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
-    pids = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker in env.read_bytes().split(b"\0"):
-                pids.append(int(env.parent.name))
-        except OSError:
-            continue
-    return pids
+    return pids_with_env(f"PREFECT__FLOW_RUN_ID={run_id}")
 
 
 def _parent(pid: int) -> int:
@@ -152,13 +144,7 @@ def _parent(pid: int) -> int:
 
 
 def _wait_for(what: str, check, timeout: float = 300, every: float = 1.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_until(what, check, timeout, every)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")

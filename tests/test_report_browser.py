@@ -38,9 +38,9 @@ def _series_marks(svg: str, name: str) -> int:
 
 def test_nightly_report_reads_right_in_a_real_browser(prefect_server, tmp_path):
     data = tmp_path / "data"
-    sets = {"prepare.ingest.limit": 1500, "prepare.shard.shard_samples": 500, "prepare.shard.workers": 1,
-            "selection.il.epochs": 1, "train.max_steps": STEPS, "train.batch_size": 32,
-            "train.comm.start_iter": 5, "nproc": 2}
+    sets = {"prepare.ingest.limit": 600, "prepare.shard.workers": 1, "prepare.shard.formats": "[webdataset,dali]",
+            "selection.method": "none", "train.max_steps": STEPS, "train.batch_size": 32,
+            "train.comm.start_iter": 5, "nproc": 2}  # tiny: the IL lines are checked in test_report.py
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", "nightly", "--data-root", str(data)]
     cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     r = subprocess.run(cmd, env=prefect_server.env, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -59,7 +59,6 @@ def test_nightly_report_reads_right_in_a_real_browser(prefect_server, tmp_path):
                           timeout=90)
         assert f"{STEPS} steps on 2 ranks" in text, text[:3000]
         assert f"final evaluation accuracy {evals[0]['acc']:.4f}" in text, text[:3000]
-        assert "on the train split it scores" in text
         imgs = b.wait_for("""
             const imgs = [...document.querySelectorAll('img')].filter(i => i.src.startsWith('data:image/svg'));
             return imgs.length == 2 && imgs.every(i => i.complete && i.naturalWidth > 0) &&

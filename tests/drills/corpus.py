@@ -13,7 +13,6 @@ import struct
 import subprocess
 import sys
 import tarfile
-import time
 import uuid
 import zlib
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+from procwatch import pids_with_env, wait_until  # noqa: F401 - the drills import wait_until from here
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -229,25 +230,7 @@ def marker() -> tuple[str, str]:
 
 
 def pids_with(mark: tuple[str, str]) -> list[int]:
-    want = f"{mark[0]}={mark[1]}".encode()
-    pids = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if want in env.read_bytes().split(b"\0") and Path(env.parent, "stat").read_text().split(") ")[1][0] != "Z":
-                pids.append(int(env.parent.name))
-        except (OSError, IndexError):
-            continue
-    return pids
-
-
-def wait_until(what: str, check, timeout: float, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return pids_with_env(f"{mark[0]}={mark[1]}")
 
 
 def no_survivors(mark: tuple[str, str], timeout: float = 15.0) -> None:

@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -53,11 +52,15 @@ def test_full_disk_fails_clearly_without_hanging(tmp_path, size, formats, worker
 
 @pytest.mark.drill("fault-kill-9-shard")
 def test_kill_9_at_random_points_leaves_nothing_running_and_resumes_byte_identical(tmp_path):
+    from sluice.storage.artifact import open_artifact
     rng = random.Random(15)
     out = tmp_path / "ds"
-    for _ in range(3):
+    # 6400 train samples fill 3 FFCV pages: with several FFCV workers racing for pages, the old
+    # writer gave every run different data.beton bytes
+    args = ["shard", "fashion-mnist", "--quiet", "--set", "ingest.limit=8000", "--set", "shard.shard_samples=1000"]
+    for _ in range(2):
         mark = marker()
-        p = _start(SHARD + ["--out", str(out), "--set", "shard.workers=2"], mark)
+        p = _start(args + ["--out", str(out), "--set", "shard.workers=2"], mark)
         time.sleep(rng.uniform(2.5, 6.0))  # start-up takes ~2 s: kill during scan or writing
         p.kill()
         p.communicate()
@@ -65,11 +68,14 @@ def test_kill_9_at_random_points_leaves_nothing_running_and_resumes_byte_identic
         sizes = {q: q.stat().st_size for q in out.rglob("*") if q.is_file()}
         time.sleep(1.5)  # nothing goes on writing after the kill
         assert {q: q.stat().st_size for q in out.rglob("*") if q.is_file()} == sizes
-        assert not list(out.glob("*/manifest.json"))  # never a partial artifact
-    r = run_cli(SHARD + ["--out", str(out), "--set", "shard.workers=2"], timeout=180)
+        for manifest in out.glob("*/manifest.json"):  # visible only when complete (a fast machine)
+            open_artifact(manifest.parent).verify()
+    r = run_cli(args + ["--out", str(out), "--set", "shard.workers=2"], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
-    clean = run_cli(SHARD + ["--out", str(tmp_path / "clean"), "--set", "shard.workers=1"], timeout=180)
-    assert clean.returncode == 0, clean.stderr[-3000:]
+    from sluice.stages.data.config import IngestConfig, ShardConfig
+    from sluice.stages.data.shard import shard_dataset
+    shard_dataset(IngestConfig(source="fashion-mnist", limit=8000), tmp_path / "clean",  # uninterrupted, 1 worker
+                  ShardConfig(shard_samples=1000, workers=1, progress=False))
     (a,), (b,) = list(out.glob("*/manifest.json")), list((tmp_path / "clean").glob("*/manifest.json"))
     assert a.parent.name == b.parent.name  # same fingerprint
     assert file_digests(a.parent) == file_digests(b.parent)  # data.beton included: same bytes
@@ -128,7 +134,7 @@ def test_a_dead_shard_worker_fails_the_stage_instead_of_hanging(tmp_path):
 TRAIN_SCRIPT = """
 import sys
 from sluice.stages.train.launch import launch, make_job
-cfg = {"model_kwargs": {"width": 8}, "max_steps": 60, "batch_size": 32, "lr": 0.05, "progress": False,
+cfg = {"model_kwargs": {"width": 8}, "max_steps": 40, "batch_size": 32, "lr": 0.05, "progress": False,
        "torch_threads": 1, "checkpoint_every_steps": 5, "dist_timeout_s": 10}
 data = {"kind": "arrays", "path": sys.argv[2], "delay_s": float(sys.argv[3])}
 r = launch(make_job(cfg, data), nproc=2, out_dir=sys.argv[1], timeout_s=300, on_line=lambda s: None)
@@ -165,11 +171,11 @@ def test_kill_9_of_the_launcher_stops_training_and_a_new_launch_resumes(tmp_path
     p.communicate()
     no_survivors(mark, timeout=30)
     step = load_checkpoint(ckpt)["step"]
-    assert 0 < step < 60
+    assert 0 < step < 40
     again = _launch(tmp_path, train_npz, marker(), delay=0.0)
     out, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
-    assert "STEPS 60" in out and f"RESUMED {step}" in out, out
+    assert "STEPS 40" in out and f"RESUMED {step}" in out, out
 
 
 @pytest.mark.drill("fault-hung-rank")
