@@ -46,10 +46,11 @@ def _print_outcome(cfg, result: dict) -> None:
         print(f"IL scores        : {result['il']['path']}")
     print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl, torchrun.log)")
     print(f"model registry   : {reg.root}")
-    print(f"candidate        : {p['model_id']} test accuracy {p['candidate_value']:.4f} -> "
+    print(f"candidate        : {p['model_id']} {p['eval_split']} accuracy {p['candidate_value']:.4f} "
+          f"({p['report_split']} {p['report']['acc']:.4f}) -> "
           f"{'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
     if champ:
-        print(f"champion         : {champ.model_id} test accuracy {champ.value:.4f}")
+        print(f"champion         : {champ.model_id} {champ.metric} {champ.value:.4f}")
     print("=" * 72)
 
 
@@ -68,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = _pipeline_config(args)
     print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard -> irreducible loss -> train with "
-          f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.nproc} ranks -> "
+          f"{cfg.selection.method} selection and {cfg.train.comm.mode} compression on {cfg.ranks()} ranks -> "
           f"evaluate -> promote), data under {Path(cfg.data_root).resolve()}", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))

@@ -140,7 +140,7 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
     log = get_run_logger()
     job = training_job(c, data, il["path"] if il else None)
     with _progress(Path(run_dir) / "metrics.jsonl", log):
-        result = launch(job, nproc=c.nproc, out_dir=run_dir, timeout_s=c.train_timeout_s,
+        result = launch(job, nproc=c.ranks(), out_dir=run_dir, timeout_s=c.train_timeout_s,
                         on_line=lambda line: log.info(line.rstrip()) if line.strip() else None)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,
@@ -153,32 +153,35 @@ def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, A
     from sluice.storage.registry import Registry
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
-    split = c.promotion.eval_split
+    split, reported = c.promotion.eval_split, c.promotion.report_split
     if not trained.get("checkpoint"):
         raise RuntimeError("training produced no checkpoint; nothing to evaluate")
-    cand = evaluate_checkpoint(trained["checkpoint"], data["root"], split)
+    cand = evaluate_checkpoint(trained["checkpoint"], data["root"], split)  # decides
+    report = evaluate_checkpoint(trained["checkpoint"], data["root"], reported) if reported != split else cand
     reg = Registry(c.registry_dir())
     eval_split = f"{data['fingerprint'][:16]}/{split}"
     rec = reg.register(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
-                       metric=c.promotion.metric, value=cand["acc"], metrics={"test": cand, **trained["summary"]},
+                       metric=c.promotion.metric, value=cand["acc"],
+                       metrics={split: cand, reported: report, **trained["summary"]},
                        config=c.model_dump(mode="json"), run=run)
     champ = reg.champion()
     now = None
-    if champ is not None and champ.eval_split != eval_split:
+    if champ is not None and (champ.eval_split != eval_split or champ.metric != rec.metric):
         now = evaluate_checkpoint(reg.checkpoint_path(champ), data["root"], split)["acc"]
     decision = reg.promote_if_better(rec, margin=c.promotion.margin, champion_value_now=now)
     get_run_logger().info(f"candidate {rec.model_id}: {decision.reason} -> "
                           f"{'PROMOTED' if decision.promoted else 'not promoted'}")
-    return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "wall_s": time.perf_counter() - t0}
+    return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "report": report,
+            "eval_split": split, "report_split": reported, "wall_s": time.perf_counter() - t0}
 
 
 def run_summary(data: dict[str, Any], il: dict[str, Any] | None, trained: dict[str, Any],
-                decision: dict[str, Any], eval_split: str) -> dict[str, Any]:
+                decision: dict[str, Any], curve_split: str) -> dict[str, Any]:
     """What the report shows: the training summary with the result's own step count, final
-    accuracy and evaluations (the summary alone has none of them)."""
+    accuracy and evaluations (the summary alone has none of them), taken on ``curve_split``."""
     return {"dataset": data, "il": il, "promotion": decision,
             "train": {**trained["summary"], "steps": trained["steps"], "final_acc": trained["final_acc"],
-                      "evals": trained["evals"], "eval_split": eval_split},
+                      "evals": trained["evals"], "eval_split": curve_split},
             "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
 
 
@@ -232,7 +235,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     c = _config(config)
     data = data or prepare(c)
     il = None
-    if c.selection.method == "rho_loss":
+    if c.selection.needs_il:
         args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()))
         il = il_task(*args)
         if not Path(il["path"]).exists():  # cached, but deleted since: recompute
@@ -242,7 +245,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
     trained = train_task(c.model_dump(mode="json"), data, il, str(run_dir))
     decision = promote_task(c.model_dump(mode="json"), data, trained, run)
-    report_task(run_summary(data, il, trained, decision, c.promotion.eval_split), trained["metrics_path"])
+    report_task(run_summary(data, il, trained, decision, c.promotion.report_split), trained["metrics_path"])
     return {"dataset": data, "il": il, "train": {k: v for k, v in trained.items() if k != "evals"},
             "promotion": decision, "run_dir": str(run_dir)}
 
@@ -250,6 +253,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
 @flow(name="nightly-retrain", log_prints=True)
 def nightly(config: PipelineConfig | None = None) -> dict[str, Any]:
     """The deployment entry point: prepare, then train and promote only a better model."""
+    started_at = time.time()  # what time-to-accuracy counts from
     c = _config(config)
     data = prepare(c)
-    return train(c, data)
+    return {**train(c, data), "started_at": started_at}

@@ -129,7 +129,9 @@ def markdown_summary(s: dict[str, Any]) -> str:
                                                 for k, v in sel.items()))
     p = s.get("promotion", {})
     lines += ["", "## Evaluation and promotion",
-              f"- candidate accuracy **{_f(p.get('candidate_value'))}**",
+              f"- candidate accuracy **{_f(p.get('candidate_value'))}** on `{p.get('eval_split', 'val')}` (decides)"
+              + (f"; on `{p['report_split']}` (reported only): {_f(p['report'].get('acc'))}"
+                 if p.get("report") and p.get("report_split") != p.get("eval_split") else ""),
               f"- champion before: {p.get('champion_before') or 'none'}"
               + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
               f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}"]

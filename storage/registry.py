@@ -123,15 +123,14 @@ class Registry:
                 decision = Decision(promoted=True, reason="no champion yet", candidate=candidate.model_id,
                                     candidate_value=candidate.value)
             else:
-                if champ.metric != candidate.metric:
-                    raise RegistryError(f"champion is ranked by {champ.metric}, candidate by {candidate.metric}")
-                if champ.eval_split == candidate.eval_split:
+                if champ.eval_split == candidate.eval_split and champ.metric == candidate.metric:
                     cv = champ.value
                 elif champion_value_now is not None:
                     cv = champion_value_now
                 else:
-                    raise RegistryError(f"champion was evaluated on {champ.eval_split}, candidate on "
-                                        f"{candidate.eval_split}: re-evaluate the champion on the same split")
+                    raise RegistryError(f"champion was measured by {champ.metric} on {champ.eval_split}, "
+                                        f"the candidate by {candidate.metric} on {candidate.eval_split}: "
+                                        "re-evaluate the champion the candidate's way")
                 better = candidate.value > cv + margin
                 reason = (f"{candidate.metric} {candidate.value:.4f} {'>' if better else '<='} champion "
                           f"{cv:.4f} + margin {margin:.4f}")

@@ -18,7 +18,7 @@ def test_a_partial_section_changes_only_what_it_names(tmp_path):
     # everything not named is the pipeline's default, not the stage class's own default
     for field in ("amp", "channels_last", "model_kwargs", "normalize_mean", "lr"):
         assert getattr(c.train, field) == getattr(default.train, field), field
-    assert c.train.comm.mode == default.train.comm.mode == "powersgd"
+    assert c.train.comm.mode == default.train.comm.mode == "none"
     assert c.augment == default.augment
 
 
@@ -55,3 +55,21 @@ def test_progressive_resizing_shapes_training_batches_but_never_evaluation():
     job = training_job(c, data, il_path="scores.npy")
     assert job.data.loader.resolution.start == 16
     assert job.eval_data.loader.resolution is None  # accuracy is measured at full size
+
+
+def test_holdout_is_kept_only_for_a_method_that_trains_an_il_model():
+    assert PipelineConfig.model_validate({"selection": {"method": "rho_loss"}}).prepare.ingest.holdout_fraction == 0.1
+    for method in ("none", "infobatch", "uniform"):
+        c = PipelineConfig.model_validate({"selection": {"method": method}})
+        assert c.prepare.ingest.holdout_fraction == 0.0  # trained on instead
+        assert PipelineConfig.model_validate(c.model_dump(mode="json")) == c  # stable round trip
+    given = {"selection": {"method": "none"}, "prepare": {"ingest": {"holdout_fraction": 0.2}}}
+    assert PipelineConfig.model_validate(given).prepare.ingest.holdout_fraction == 0.2
+
+
+def test_promotion_decides_on_val_and_training_curves_report_test():
+    from sluice.flows.pipeline import training_job
+    c = PipelineConfig()
+    assert (c.promotion.eval_split, c.promotion.metric, c.promotion.report_split) == ("val", "val_acc", "test")
+    data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f" * 16, "num_classes": 10, "channels": 1}
+    assert training_job(c, data, il_path="scores.npy").eval_data.loader.split == "test"

@@ -302,3 +302,34 @@ def test_resnet_and_small_cnn_on_32px_rgb(model):
     assert r.steps == 2 and np.isfinite(r.metrics[-1]["loss"])
     with pytest.raises(Exception, match="channels"):
         train(cfg(max_steps=1), ArrayLoader(x, y, 16))  # RGB data into a 1-channel config
+
+
+# ---- recipe parts: momentum cycling, lr scaling, flip TTA, the BN CNN -----------------------
+
+def test_momentum_cycles_against_the_one_cycle_lr():
+    from sluice.stages.train.schedule import momentum_at
+    c = TrainConfig(schedule="onecycle", warmup_fraction=0.25, lr=1.0, momentum_cycle=(0.85, 0.95))
+    assert momentum_at(c, 0.25) == pytest.approx(0.85)            # lr at its peak, momentum lowest
+    assert momentum_at(c, 1.0) == pytest.approx(0.95, abs=1e-6)    # lr near zero, momentum highest
+    assert momentum_at(c, 0.0) > momentum_at(c, 0.1) > momentum_at(c, 0.25)
+    assert momentum_at(TrainConfig(momentum=0.9), 0.5) == 0.9      # no cycle: the fixed momentum
+    with pytest.raises(ValidationError):
+        TrainConfig(momentum_cycle=(0.95, 0.85))
+
+
+def test_lr_scales_with_the_global_batch_and_momentum_reaches_the_optimizer(fmnist):
+    tr, _ = loaders(fmnist)
+    r = train(cfg(max_steps=4, schedule="constant", lr=0.05, lr_reference_batch=64,
+                  momentum_cycle=(0.8, 0.9)), tr)
+    assert all(m["lr"] == pytest.approx(0.025) for m in r.metrics)  # 32 of 64: half the lr
+
+
+def test_flip_tta_evaluates_the_mean_of_both_views(fmnist):
+    from sluice.stages.train.evaluate import predict
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+    x = torch.randn(4, 1, 28, 28)
+    both = (model(x) + model(x.flip(-1))) / 2
+    assert torch.allclose(predict(model, x, "flip"), both) and torch.allclose(predict(model, x), model(x))
+    tr, ev = loaders(fmnist)
+    r = train(cfg(model="bn_cnn", model_kwargs={"width": 4}, eval_tta="flip", ema_decay=0.9), tr, ev)
+    assert r.final_acc is not None and r.evals[-1]["wall_time"] > 0

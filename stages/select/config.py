@@ -95,6 +95,11 @@ class SelectionConfig(BaseModel):
         return v
 
     @property
+    def needs_il(self) -> bool:
+        """True when the method needs irreducible-loss scores (an IL model trained on a holdout)."""
+        return self.method != "none" and SELECTION_METHODS.get(self.method).needs_il
+
+    @property
     def picks_subset(self) -> bool:
         """True when the method trains n_b of each n_B candidates (ratio and n_select apply)."""
         return self.method != "none" and SELECTION_METHODS.get(self.method).picks_subset

@@ -70,12 +70,20 @@ class TrainConfig(BaseModel):
     optimizer: Literal["sgd", "adamw"] = "sgd"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
+    momentum_cycle: tuple[float, float] | None = Field(
+        None, description="one-cycle only: momentum falls from the second value to the first "
+        "while the lr warms up, and rises back as it anneals (e.g. [0.85, 0.95])")
+    lr_reference_batch: int | None = Field(
+        None, ge=1, description="scale lr linearly with the global batch (batch_size x ranks x "
+        "accum_steps) over this reference batch; None = lr as given")
     weight_decay: float = Field(5e-4, ge=0)
     schedule: Literal["constant", "linear", "onecycle"] = "onecycle"
     warmup_fraction: float = Field(0.1, ge=0, lt=1)  # linear warm-up; one-cycle peak position
     clip_grad_norm: float | None = Field(None, gt=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     ema_decay: float | None = Field(None, gt=0, lt=1)  # evaluate an EMA of the weights
+    eval_tta: Literal["none", "flip"] = Field("none", description="flip: evaluate the mean of the "
+                                              "logits of each image and its mirror image")
     # speed
     amp: AmpMode = Field("none", description="autocast dtype; 'auto' = bf16/fp16 where the "
                          "device computes it natively, else fp32 (sluice.stages.compute)")
@@ -109,6 +117,10 @@ class TrainConfig(BaseModel):
             raise ValueError("normalize_mean and normalize_std must have the same length")
         if any(s <= 0 for s in self.normalize_std):
             raise ValueError("normalize_std must be positive")
+        if self.momentum_cycle is not None:
+            lo, hi = self.momentum_cycle
+            if not 0 <= lo <= hi < 1:
+                raise ValueError("momentum_cycle must be [low, high] with 0 <= low <= high < 1")
         return self
 
     def compat(self, world_size: int) -> dict[str, Any]:

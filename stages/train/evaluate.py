@@ -22,9 +22,17 @@ from sluice.storage.checkpoint import load_checkpoint
 Prepare = Callable[[Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+def predict(model: torch.nn.Module, x: torch.Tensor, tta: str = "none") -> torch.Tensor:
+    """Float logits; with ``tta="flip"`` the mean of the image's and its mirror image's."""
+    out = model(x).float()
+    if tta == "flip":
+        out = (out + model(x.flip(-1)).float()) / 2
+    return out
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, loader: ResumableLoader, prep: Prepare, amp: str,
-             d: DistContext) -> dict[str, float]:
+             d: DistContext, tta: str = "none") -> dict[str, float]:
     """Accuracy and mean loss over ``loader`` (each rank its shard, summed across ranks)."""
     was = model.training
     model.eval()
@@ -33,7 +41,7 @@ def evaluate(model: torch.nn.Module, loader: ResumableLoader, prep: Prepare, amp
     with autocast(amp, d.device):
         for batch in loader:
             x, y, _ = prep(batch)
-            out = model(x).float()
+            out = predict(model, x, tta)
             tot[0] += (out.argmax(1) == y).sum()
             tot[1] += F.cross_entropy(out, y, reduction="sum")
             tot[2] += len(y)
@@ -75,8 +83,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLi
                                            augment=spec, sampler=SamplerConfig(kind="sequential"),
                                            prefetch=1))
     hits, loss, n = 0, 0.0, 0
+    tta = cfg.get("eval_tta", "none")
     for x, y, _ in loader:
-        out = model(x).float()
+        out = predict(model, x, tta)
         hits += int((out.argmax(1) == y).sum())
         loss += float(F.cross_entropy(out, y, reduction="sum"))
         n += len(y)

@@ -33,7 +33,7 @@ from sluice.stages.train.comm import build_hook, uncompressed_bytes
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context
 from sluice.stages.train.evaluate import evaluate
-from sluice.stages.train.schedule import lr_at
+from sluice.stages.train.schedule import lr_at, momentum_at
 from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 
 
@@ -136,6 +136,8 @@ class TrainingRun:
             self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay),
                                      use_buffers=True)
         self.prep = InputPrep(cfg, self.d.device)
+        global_batch = cfg.batch_size * self.d.world * cfg.accum_steps
+        self.lr_scale = global_batch / cfg.lr_reference_batch if cfg.lr_reference_batch else 1.0
         self.full_bytes = uncompressed_bytes(self.model)
         self.compat = cfg.compat(self.d.world)
         self.ckpt = checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
@@ -199,9 +201,12 @@ class TrainingRun:
     def train_step(self, it: Iterator[Any]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        lr = lr_at(cfg, self.progress())
+        lr = lr_at(cfg, self.progress()) * self.lr_scale
+        momentum = momentum_at(cfg, self.progress())
         for g in self.opt.param_groups:
             g["lr"] = lr
+            if "momentum" in g:  # SGD; AdamW keeps its betas
+                g["momentum"] = momentum
         data_s = select_s = 0.0
         loss_sum, n_samples, nonfinite = 0.0, 0, 0
         sel_stats: dict[str, float] = {}
@@ -278,7 +283,7 @@ class TrainingRun:
         where = f"; the last good checkpoint is {self.ckpt}" if self.ckpt and self.ckpt.exists() \
             else "; no checkpoint was written"
         raise NonFiniteLoss(f"loss became NaN/inf at step {self.step + 1} (lr "
-                            f"{lr_at(self.cfg, self.progress()):.3g}){where}. Lower the lr, "
+                            f"{lr_at(self.cfg, self.progress()) * self.lr_scale:.3g}){where}. Lower the lr, "
                             "enable clip_grad_norm, or check the data")
 
     # -- checkpoints, eval, logging ---------------------------------------------------------
@@ -325,8 +330,9 @@ class TrainingRun:
             return None
         self.sync_buffers()
         model = self.ema.module if self.ema is not None else self.model
-        e = {"step": self.step, "elapsed_s": self.elapsed,
-             **evaluate(model, self.eval_loader, self.prep, self.cfg.amp, self.d)}
+        e = {"step": self.step, "elapsed_s": self.elapsed, "wall_time": time.time(),
+             **evaluate(model, self.eval_loader, self.prep, self.cfg.amp, self.d,
+                        tta=self.cfg.eval_tta)}
         self.evals.append(e)
         self.log({"eval": e})
         return e

@@ -62,7 +62,7 @@ DRILLS: dict[str, Drill] = {d_id: Drill(*d) for d_id, d in {
     "npz-pickled": ("source file", "an .npz holding a pickled object array", "refused, never unpickled"),
     # configs
     "config-image-size": ("config", "shard.image_size [0,0] or [-3,28]", "refused before anything runs (exit 2), field named"),
-    "config-eval-split": ("config", "promotion.eval_split naming no split, or an empty one", "refused before any stage runs (exit 2)"),
+    "config-eval-split": ("config", "promotion.eval_split or report_split naming no split, or an empty one", "refused before any stage runs (exit 2)"),
     # artifacts and loader state
     "manifest-count-raised": ("artifact", "a hand-edited manifest with a split's count raised", "every backend refuses before the first batch, naming the file"),
     "loader-state-negative": ("loader state", "next_batch=-5 or past the epoch", "refused (LoaderError)"),

@@ -253,13 +253,17 @@ def test_nonpositive_image_size_is_refused_up_front(tmp_path, capsys, size):
 
 
 @pytest.mark.drill("config-eval-split")
-@pytest.mark.parametrize("sets", [["promotion.eval_split=tset"],
-                                  ["promotion.eval_split=val", "prepare.ingest.val_fraction=0"]])
-def test_bad_eval_split_is_refused_before_any_stage(tmp_path, capsys, sets):
+@pytest.mark.parametrize("sets,field", [
+    (["promotion.eval_split=tset"], "eval_split"),
+    (["promotion.eval_split=val", "prepare.ingest.val_fraction=0"], "eval_split"),
+    (["promotion.eval_split=holdout", "selection.method=none"], "eval_split"),  # no IL model: no holdout
+    (["promotion.eval_split=test", "promotion.report_split=val", "prepare.ingest.val_fraction=0"], "report_split"),
+])
+def test_bad_eval_split_is_refused_before_any_stage(tmp_path, capsys, sets, field):
     from sluice.flows.cli import main
     args = ["run", "nightly", "--data-root", str(tmp_path / "d")] + [a for s in sets for a in ("--set", s)]
     assert main(args) == 2
-    assert "eval_split" in capsys.readouterr().err
+    assert f"promotion.{field}" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()  # nothing ran
 
 

@@ -1,0 +1,258 @@
+"""Time to accuracy on Fashion-MNIST: Sluice's default pipeline, each of its techniques left out
+in turn, against a strong plain-PyTorch recipe (``benchmarks/baselines/plain_bn_cnn.py``).
+
+Accounting (the same for every arm):
+* a run's time to a target is the wall clock from its start to the first evaluation on the test
+  split at or above the target. For Sluice, the start is the ``nightly-retrain`` flow's start
+  (Prefect's embedded API is started once beforehand and reported on its own): sharding all
+  70,000 images into a fresh data root, IL-model training where a method needs it, torchrun's
+  start-up, loading, training and every evaluation count. For the baseline, the start is the
+  launch of its process: Python and torch start-up, decoding the data, training and its
+  evaluations count.
+* every arm evaluates once an epoch, and at the end;
+* budgets (epochs) are fixed before the measured runs, by a sweep recorded in the JSON: each
+  arm gets the smallest budget of its sweep whose seed-0 run reaches 93%;
+* every arm runs ``--seeds`` (>= 3) seeds, interleaved (seed 0 of every arm, then seed 1, ...)
+  so the host's drift (15-45% over minutes here) hits all arms alike; medians and min-max are
+  reported, and a goal is met only when the median meets it (a seed that never reaches a target
+  counts as infinitely slow).
+
+    python -m benchmarks.time_to_accuracy [--quick] [--seeds 0 1 2] [--arms baseline sluice ...]
+
+Writes benchmarks/results/time_to_accuracy.json (quick: time_to_accuracy_quick.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS, table
+from benchmarks.hostinfo import describe_run, load_average
+
+TARGETS = (0.93, 0.94)
+TRAIN_SOURCE = 60_000  # Fashion-MNIST's training split
+GOALS = {"sluice_vs_baseline_93": 0.5, "stretch_sluice_vs_baseline_93": 0.35}
+
+# Ablations of the default recipe: each arm is the default pipeline with one technique left
+# out (-) or added (+); the added ones are candidates that did not make the default.
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "sluice": {},
+    "sluice +ema": {"train": {"ema_decay": 0.995}},
+    "sluice +translate": {"augment": {"ops": [{"op": "translate", "pad": 2}, {"op": "flip"}]}},
+    "sluice -flip tta": {"train": {"eval_tta": "none"}},
+    "sluice -label smoothing": {"train": {"label_smoothing": 0.0}},
+    "sluice -momentum cycling": {"train": {"momentum_cycle": None}},
+    "sluice -channels-last": {"train": {"channels_last": False}},
+    "sluice 1 rank x 2 threads": {"nproc": 1, "train": {"torch_threads": 2}},
+    "sluice +holdout kept": {"prepare": {"ingest": {"holdout_fraction": 0.1}}},
+    "sluice +infobatch": {"selection": {"method": "infobatch"}},
+}
+
+
+# ------------------------------------------------------------------ one run of each kind
+
+def run_baseline(epochs: float, seed: int, threads: int, channels_last: bool) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--epochs", str(epochs),
+           "--seed", str(seed), "--threads", str(threads), "--evals-per-epoch", "1"]
+    if not channels_last:
+        cmd.append("--no-channels-last")
+    t0 = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+                         timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"baseline failed:\n{out.stderr[-3000:]}")
+    events = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    evals = [{"epoch": e["epoch"], "acc": e["acc"], "wall_s": e["time"] - t0}
+             for e in events if e["event"] == "eval"]
+    done = next(e for e in events if e["event"] == "done")
+    return {"evals": evals, "wall_s": done["time"] - t0, "final_acc": evals[-1]["acc"],
+            "step_s": done["step_s"]}
+
+
+def sluice_config(overrides: dict[str, Any], epochs: float, seed: int, root: Path) -> dict[str, Any]:
+    """The default pipeline with ``overrides``, ``epochs``, ``seed`` (weights, order and
+    augmentation) and an evaluation once an epoch, on a fresh data root."""
+    from sluice.flows.config import merge
+    from sluice.flows.pipeline import PipelineConfig
+    cfg = merge({"data_root": str(root), "train": {"epochs": epochs, "seed": seed, "progress": False},
+                 "loader": {"seed": seed, "sampler": {"seed": seed}},
+                 "prepare": {"shard": {"progress": False}}, "selection": {"seed": seed}},
+                overrides, leaves=("model_kwargs",))
+    c = PipelineConfig.model_validate(cfg)
+    ing = c.prepare.ingest
+    n_train = TRAIN_SOURCE - round(TRAIN_SOURCE * ing.holdout_fraction) - round(TRAIN_SOURCE * ing.val_fraction)
+    steps = (n_train // c.ranks()) // c.train.batch_size
+    c.train.eval_every_steps = max(1, steps)
+    return c.model_dump(mode="json")
+
+
+def run_sluice(overrides: dict[str, Any], epochs: float, seed: int) -> dict[str, Any]:
+    import sluice.flows.nightly as fl
+    root = Path(tempfile.mkdtemp(prefix="sluice-tta-"))
+    try:
+        res = fl.nightly(sluice_config(overrides, epochs, seed, root))
+        metrics = Path(res["run_dir"]) / "metrics.jsonl"
+        evals = [json.loads(x)["eval"] for x in metrics.read_text().splitlines() if x.startswith('{"eval"')]
+        t0 = res["started_at"]
+        steps = max(e["step"] for e in evals)
+        return {"evals": [{"epoch": epochs * e["step"] / steps, "acc": e["acc"], "wall_s": e["wall_time"] - t0}
+                          for e in evals],
+                "wall_s": time.time() - t0, "final_acc": evals[-1]["acc"],
+                "shard_s": res["dataset"]["seconds"], "train_wall_s": res["train"]["wall_s"],
+                "promotion": {k: res["promotion"].get(k) for k in ("eval_split", "candidate_value")}}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def seconds_to(evals: list[dict[str, Any]], target: float) -> float | None:
+    return next((e["wall_s"] for e in evals if e["acc"] >= target), None)
+
+
+def summarize(values: list[float | None]) -> dict[str, Any]:
+    """Median and min-max, a miss (None) counting as infinitely slow."""
+    keyed = [math.inf if v is None else v for v in values]
+    med = statistics.median(keyed)
+    return {"median": None if math.isinf(med) else med, "min": min(keyed) if keyed else None,
+            "max": None if not keyed or math.isinf(max(keyed)) else max(keyed),
+            "misses": sum(v is None for v in values)}
+
+
+# ------------------------------------------------------------------ the benchmark
+
+class Bench:
+    def __init__(self, arms: list[str], seeds: list[int], budgets: dict[str, list[float]],
+                 baseline: dict[str, Any]):
+        self.arms, self.seeds, self.budgets, self.baseline = arms, seeds, budgets, baseline
+        self.result: dict[str, Any] = {"arms": {a: {"sweep": [], "runs": []} for a in arms}}
+
+    def run(self, arm: str, epochs: float, seed: int) -> dict[str, Any]:
+        la = load_average()
+        if arm == "baseline":
+            r = run_baseline(epochs, seed, **self.baseline)
+        else:
+            r = run_sluice(ABLATIONS[arm], epochs, seed)
+        r.update(seed=seed, epochs=epochs, load_average=la,
+                 seconds_to_target={str(t): seconds_to(r["evals"], t) for t in TARGETS})
+        hit = r["seconds_to_target"][str(TARGETS[0])]
+        print(f"  {arm:<28} seed {seed} {epochs:g} epochs: final {r['final_acc']:.4f}, "
+              f"93% at {'-' if hit is None else f'{hit:.0f} s'}, wall {r['wall_s']:.0f} s", flush=True)
+        return r
+
+    def sweep(self) -> None:
+        """Seed 0 of every arm at growing budgets; an arm keeps the first that reaches 93%."""
+        for arm in self.arms:
+            chosen = None
+            for epochs in self.budgets[arm]:
+                r = self.run(arm, epochs, self.seeds[0])
+                self.result["arms"][arm]["sweep"].append(r)
+                if r["seconds_to_target"][str(TARGETS[0])] is not None:
+                    chosen = epochs
+                    break
+            self.result["arms"][arm]["budget_epochs"] = chosen or self.budgets[arm][-1]
+
+    def measure(self) -> None:
+        """Every seed of every arm at its budget, interleaved; the sweep's run at the chosen
+        budget is reused as seed 0 (same config, same seed)."""
+        for seed in self.seeds:
+            for arm in self.arms:
+                a = self.result["arms"][arm]
+                reuse = [r for r in a["sweep"] if r["seed"] == seed and r["epochs"] == a["budget_epochs"]]
+                a["runs"].append(reuse[0] if reuse else self.run(arm, a["budget_epochs"], seed))
+
+    def finish(self) -> dict[str, Any]:
+        for arm, a in self.result["arms"].items():
+            a["seconds_to_target"] = {str(t): [r["seconds_to_target"][str(t)] for r in a["runs"]] for t in TARGETS}
+            a["summary"] = {str(t): summarize(v) for t, v in a["seconds_to_target"].items()}
+            a["final_acc"] = [r["final_acc"] for r in a["runs"]]
+            a["final_acc_median"] = statistics.median(a["final_acc"]) if a["final_acc"] else None
+        base = self.result["arms"].get("baseline", {}).get("summary", {}).get("0.93", {}).get("median")
+        for arm, a in self.result["arms"].items():
+            mine = a["summary"]["0.93"]["median"]
+            a["ratio_to_baseline_93"] = mine / base if base and mine else None
+        s = self.result["arms"].get("sluice")
+        if s and base:
+            r93 = s["ratio_to_baseline_93"]
+            s94 = s["summary"]["0.94"]["median"]
+            self.result["goals"] = {
+                "sluice_93_in_at_most_0.5x_baseline": {"ratio": r93, "met": bool(r93 and r93 <= 0.5)},
+                "stretch_sluice_93_in_at_most_0.35x_baseline": {"ratio": r93, "met": bool(r93 and r93 <= 0.35)},
+                "stretch_sluice_94_before_baseline_93": {"sluice_94_s": s94, "baseline_93_s": base,
+                                                         "met": bool(s94 and s94 < base)}}
+        return self.result
+
+
+def probe_baseline_settings() -> dict[str, Any]:
+    """The baseline's fastest fp32 settings on this host: threads x memory layout, by the
+    median step time of a short run each (recorded)."""
+    rows = []
+    for threads in (1, 2):
+        for cl in (True, False):
+            cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--max-steps", "40",
+                   "--threads", str(threads), "--evals-per-epoch", "0.001"]
+            if not cl:
+                cmd.append("--no-channels-last")
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                 cwd=Path(__file__).resolve().parents[1])
+            done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x]
+            rows.append({"threads": threads, "channels_last": cl, "step_s": done[0]["step_s"] if done else None})
+    best = min((r for r in rows if r["step_s"]), key=lambda r: r["step_s"])
+    return {"probe": rows, "chosen": {"threads": best["threads"], "channels_last": best["channels_last"]}}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, baseline and sluice, 1 epoch (~4 min)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", default=["baseline", *ABLATIONS])
+    ap.add_argument("--baseline-epochs", type=float, nargs="+", default=[5, 6, 7, 8])
+    ap.add_argument("--sluice-epochs", type=float, nargs="+", default=[4, 5, 6, 7, 8])
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.arms = [0], ["baseline", "sluice"]
+        args.baseline_epochs = args.sluice_epochs = [1]
+    about = describe_run("benchmarks.time_to_accuracy", argv)
+    unknown = set(args.arms) - {"baseline", *ABLATIONS}
+    if unknown:
+        raise SystemExit(f"unknown arms {sorted(unknown)}; known: baseline, {', '.join(ABLATIONS)}")
+    t0 = time.time()
+    settings = probe_baseline_settings() if "baseline" in args.arms else {"chosen": {}}
+    print(f"baseline settings: {settings['chosen']}", flush=True)
+    from benchmarks.pipeline import start_embedded_api
+    api_s = start_embedded_api() if any(a != "baseline" for a in args.arms) else 0.0
+    budgets = {a: args.baseline_epochs if a == "baseline" else args.sluice_epochs for a in args.arms}
+    bench = Bench(args.arms, args.seeds, budgets, settings["chosen"])
+    print("sweep (seed 0, growing budgets):", flush=True)
+    bench.sweep()
+    print("measured runs (seeds interleaved):", flush=True)
+    bench.measure()
+    result = {**about, **bench.finish(), "targets": list(TARGETS), "seeds": args.seeds,
+              "mode": "quick" if args.quick else "full", "baseline_settings": settings,
+              "prefect_embedded_api_start_s": api_s, "total_s": time.time() - t0,
+              "load_average_end": load_average()}
+    rows = []
+    for arm, a in result["arms"].items():
+        s93, s94 = a["summary"]["0.93"], a["summary"]["0.94"]
+        rows.append({"arm": arm, "epochs": a["budget_epochs"], "93% median s": s93["median"],
+                     "min": s93["min"], "max": s93["max"], "misses": s93["misses"],
+                     "vs baseline": a["ratio_to_baseline_93"], "94% median s": s94["median"],
+                     "final acc (median)": a["final_acc_median"]})
+    print(table(rows, list(rows[0])))
+    name = "time_to_accuracy_quick.json" if args.quick else "time_to_accuracy.json"
+    from sluice.storage.atomic import write_json
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_json(RESULTS / name, result)
+    print(f"wrote {RESULTS / name}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
