@@ -126,9 +126,10 @@ def test_shard_map_runs_on_a_dask_cluster(stack, tmp_path):
     root = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("ROOT"))
     art = open_artifact(root)
     art.verify()
-    assert art.manifest.counts() == {"train": 800, "holdout": 100, "val": 100, "test": 1000}
+    # no IL model in the default recipe, so no holdout (#14)
+    assert art.manifest.counts() == {"train": 900, "holdout": 0, "val": 100, "test": 1000}
     runs = api(stack.url, "/task_runs/filter", {"task_runs": {"name": {"like_": "write-shard"}}, "limit": 200})
-    assert len([t for t in runs if t["state"]["type"] == "COMPLETED"]) >= 10
+    assert len([t for t in runs if t["state"]["type"] == "COMPLETED"]) >= 9  # 4 train, 1 val, 4 test shards
 
 
 def _flow_run_pids(run_id: str) -> list[int]:
