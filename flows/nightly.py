@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.context import FlowRunContext  # noqa: E402
 
 from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job  # noqa: E402
-from sluice.flows.report import data_uri, markdown_summary, svg_curves  # noqa: E402
+from sluice.flows.report import report_markdown  # noqa: E402
 from sluice.storage.fingerprint import combine, hash_obj  # noqa: E402
 
 
@@ -182,21 +182,19 @@ def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, A
             "eval_split": split, "report_split": reported, "wall_s": time.perf_counter() - t0}
 
 
+def run_summary(data: dict[str, Any], il: dict[str, Any] | None, trained: dict[str, Any],
+                decision: dict[str, Any], curve_split: str) -> dict[str, Any]:
+    """What the report shows: the training summary with the result's own step count, final
+    accuracy and evaluations (the summary alone has none of them), taken on ``curve_split``."""
+    return {"dataset": data, "il": il, "promotion": decision,
+            "train": {**trained["summary"], "steps": trained["steps"], "final_acc": trained["final_acc"],
+                      "evals": trained["evals"], "eval_split": curve_split},
+            "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
+
+
 @task(name="report")
 def report_task(summary: dict[str, Any], metrics_path: str) -> str:
-    loss, acc = [], []
-    if Path(metrics_path).exists():
-        for line in Path(metrics_path).read_text().splitlines():
-            rec = json.loads(line)
-            if "eval" in rec:
-                acc.append((rec["eval"]["step"], rec["eval"]["acc"]))
-            elif "loss" in rec and "step" in rec:
-                loss.append((rec["step"], rec["loss"]))
-    uri = data_uri(svg_curves({"train loss": loss}, "training loss", y_label="loss"))
-    uri_acc = data_uri(svg_curves({"eval accuracy": acc}, "evaluation accuracy", y_label="accuracy")) if acc else None
-    md = markdown_summary({**summary, "curves_uri": uri})
-    if uri_acc:
-        md += f"\n![evaluation accuracy]({uri_acc})\n"
+    md = report_markdown(summary, metrics_path)
     create_markdown_artifact(markdown=md, key="nightly-summary", description="Sluice nightly run summary")
     return md
 
@@ -254,9 +252,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
     trained = train_task(c.model_dump(mode="json"), data, il, str(run_dir))
     decision = promote_task(c.model_dump(mode="json"), data, trained, run)
-    summary = {"dataset": data, "il": il, "train": trained["summary"], "promotion": decision,
-               "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
-    report_task(summary, trained["metrics_path"])
+    report_task(run_summary(data, il, trained, decision, c.promotion.report_split), trained["metrics_path"])
     return {"dataset": data, "il": il, "train": {k: v for k, v in trained.items() if k != "evals"},
             "promotion": decision, "run_dir": str(run_dir)}
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.flows.config import merge
 from sluice.stages.data.config import PrepareConfig
@@ -22,6 +22,7 @@ from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import CommConfig, TrainConfig
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.nodes import LaunchConfig
+from sluice.storage.manifest import SPLITS
 
 
 class PromotionConfig(BaseModel):
@@ -29,9 +30,16 @@ class PromotionConfig(BaseModel):
     only reported (``report_split``: the test split, also the one training curves are drawn on)."""
     model_config = ConfigDict(extra="forbid")
     metric: str = "val_acc"
-    eval_split: str = "val"
-    report_split: str = "test"
+    eval_split: str = Field("val", description=f"the split promotion decides on: one of {', '.join(SPLITS)}")
+    report_split: str = Field("test", description=f"the split only reported (and charted): one of {', '.join(SPLITS)}")
     margin: float = Field(0.0, ge=0, description="a candidate must beat the champion by more than this")
+
+    @field_validator("eval_split", "report_split")
+    @classmethod
+    def _a_split(cls, v: str) -> str:
+        if v not in SPLITS:
+            raise ValueError(f"unknown split {v!r}; a dataset artifact has the splits {', '.join(SPLITS)}")
+        return v
 
 
 def _default_train() -> TrainConfig:
@@ -125,6 +133,20 @@ class PipelineConfig(BaseModel):
             self.prepare.ingest.model_fields_set.add("holdout_fraction")
         return self
 
+    @model_validator(mode="after")
+    def _eval_split_is_not_empty(self) -> "PipelineConfig":
+        """Checked here, before any stage runs (and after the holdout default is settled): a
+        split the ingest config leaves empty."""
+        ingest = self.prepare.ingest
+        for name in ("eval_split", "report_split"):
+            split = getattr(self.promotion, name)
+            # (no test: a source may bring its own test split)
+            share = {"holdout": ingest.holdout_fraction, "val": ingest.val_fraction}.get(split)
+            if share == 0:
+                raise ValueError(f"promotion.{name}={split!r} but prepare.ingest.{split}_fraction is 0, "
+                                 "so that split would be empty")
+        return self
+
     def ranks(self) -> int:
         """The number of training ranks ``nproc`` resolves to on this machine (per node with
         ``launch.nodes``: auto takes the fewest cores a node is pinned to)."""
@@ -156,6 +178,7 @@ def dataset_info(summary) -> dict[str, Any]:
     from a ``sluice.stages.data.shard.ShardSummary``."""
     m = summary.manifest
     return {"root": summary.root, "fingerprint": m.fingerprint, "counts": m.counts(), "quarantined": m.quarantined,
+            "damaged_sources": len(m.damaged_sources),
             "reused": summary.reused, "seconds": summary.seconds, "num_classes": m.fields.label.num_classes,
             "channels": (m.fields.image.shape or (0, 0, 3))[2]}
 

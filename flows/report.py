@@ -1,55 +1,97 @@
-"""Run reports for the Prefect UI: a markdown summary and the training curves as an SVG picture
-(embedded as a data URI, so it opens from the UI with no file server and no plotting library)."""
+"""Run reports for the Prefect UI: a markdown summary and the training curves, drawn with
+matplotlib as SVG and embedded as data URIs (the UI opens them with no file server).
+
+Text stays text in the SVG (``svg.fonttype: none``), so the axes a person reads can also be
+checked by a test that opens the page in a browser.
+"""
 from __future__ import annotations
 
 import base64
+import io
+import json
+import math
+import re
+from pathlib import Path
 from typing import Any, Sequence
 
+Points = Sequence[tuple[float, float]]
 
-def svg_curves(series: dict[str, Sequence[tuple[float, float]]], title: str, width: int = 640,
-               height: int = 320, y_label: str = "") -> str:
-    """A small line chart: ``series`` maps a name to (x, y) points."""
-    pad_l, pad_r, pad_t, pad_b = 56, 120, 28, 36
-    pts = [p for s in series.values() for p in s]
-    if not pts:
-        pts = [(0.0, 0.0), (1.0, 1.0)]
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y1 = y0 + 1
-    w, h = width - pad_l - pad_r, height - pad_t - pad_b
 
-    def sx(x): return pad_l + (x - x0) / (x1 - x0) * w
-    def sy(y): return pad_t + h - (y - y0) / (y1 - y0) * h
+def read_curves(metrics_path: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(step, training loss) and (step, evaluation accuracy) from rank 0's ``metrics.jsonl``;
+    a step logged twice (a retried run appends) keeps its last value."""
+    loss: dict[int, float] = {}
+    acc: dict[int, float] = {}
+    p = Path(metrics_path)
+    if p.exists():
+        for line in p.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash
+            if "eval" in rec:
+                acc[int(rec["eval"]["step"])] = float(rec["eval"]["acc"])
+            elif "loss" in rec and "step" in rec:
+                loss[int(rec["step"])] = float(rec["loss"])
+    return sorted(loss.items()), sorted(acc.items())
 
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
-           '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{pad_l}" y="16" font-size="13">{title}</text>',
-           f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" stroke="#444"/>',
-           f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + h}" stroke="#444"/>']
-    for k in range(5):
-        yv = y0 + (y1 - y0) * k / 4
-        xv = x0 + (x1 - x0) * k / 4
-        out.append(f'<text x="{pad_l - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:.3g}</text>')
-        out.append(f'<text x="{sx(xv):.1f}" y="{pad_t + h + 16}" text-anchor="middle">{xv:.0f}</text>')
-    out.append(f'<text x="{pad_l + w / 2}" y="{height - 4}" text-anchor="middle">step</text>')
-    if y_label:
-        out.append(f'<text x="12" y="{pad_t + h / 2}" transform="rotate(-90 12 {pad_t + h / 2})" text-anchor="middle">{y_label}</text>')
-    for i, (name, s) in enumerate(series.items()):
-        c = colors[i % len(colors)]
-        if s:
-            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
-            out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{path}"/>')
-        out.append(f'<text x="{pad_l + w + 10}" y="{pad_t + 14 * (i + 1)}" fill="{c}">{name}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+
+def chart_svg(series: dict[str, Points], title: str, y_label: str, *,
+              y_limits: tuple[float, float] | None = None, empty: str = "no data recorded") -> str:
+    """A line chart of ``series`` (name -> (step, value) points) against the training step.
+
+    Every point gets a marker when there are few, so a single evaluation shows as a dot; the
+    x axis starts at step 0 with integer ticks; ``y_limits`` clamps the y axis (accuracy stays
+    within 0..1). Each line's SVG group has the id ``series-<name>``.
+    """
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(6.4, 3.2), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title, gid="chart-title")
+    ax.set_xlabel("step")
+    ax.set_ylabel(y_label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    xs_all = [x for pts in series.values() for x, _ in pts]
+    ys_all = [y for pts in series.values() for _, y in pts if math.isfinite(y)]
+    for name, pts in series.items():
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(pts) <= 40 else None, markersize=4, label=name,
+                    gid=f"series-{_slug(name)}")
+    if xs_all:
+        ax.set_xlim(0, max(max(xs_all), 1) * 1.03)
+        ax.legend(loc="best")
+    else:
+        ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center")
+    if ys_all:
+        lo, hi = min(ys_all), max(ys_all)
+        pad = max((hi - lo) * 0.1, 0.02 * max(abs(hi), 1e-3))
+        lo, hi = lo - pad, hi + pad
+        if y_limits is not None:
+            lo, hi = max(lo, y_limits[0]), min(hi, y_limits[1])
+        ax.set_ylim(lo, hi)
+    elif y_limits is not None:
+        ax.set_ylim(*y_limits)
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "sluice"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def data_uri(svg: str) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()
+
+
+def _f(v: Any, fmt: str = ".4f") -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
 
 
 def markdown_summary(s: dict[str, Any]) -> str:
@@ -60,16 +102,27 @@ def markdown_summary(s: dict[str, Any]) -> str:
              f" ({'reused' if d.get('reused') else 'written'})",
              "- samples: " + ", ".join(f"{k} {v}" for k, v in d.get("counts", {}).items()),
              f"- quarantined samples: {d.get('quarantined', 0)}"]
+    if d.get("damaged_sources"):
+        lines.append(f"- **damaged source files kept in part: {d['damaged_sources']}** (see the manifest)")
     il = s.get("il")
     if il:
-        lines += ["", "## Irreducible loss", f"- {'reused' if il.get('reused') else 'computed'}"
-                  f" ({il.get('train_seconds', 0)} s training, holdout acc {il.get('holdout_accuracy', float('nan')):.3f})"]
+        lines += ["", "## Irreducible loss",
+                  f"- {'reused' if il.get('reused') else 'computed'}: {il.get('train_seconds', 0)} s "
+                  f"training on the holdout split ({il.get('holdout_size', '?')} samples)",
+                  f"- IL model accuracy on the {il.get('scored_split', 'train')} split it scores (unseen): "
+                  f"{_f(il.get('scored_accuracy'), '.3f')}; on its own training data (the holdout): "
+                  f"{_f(il.get('holdout_accuracy'), '.3f')}"]
     t = s.get("train", {})
+    evals = t.get("evals", [])
     lines += ["", "## Training",
-              f"- {t.get('steps', 0)} steps on {t.get('world_size', 1)} ranks, comm `{t.get('comm', 'none')}`",
-              f"- loader throughput {t.get('samples_per_s', 0):.0f} samples/s, waiting for data "
-              f"{100 * t.get('data_wait_frac', 0):.1f}% of step time",
-              f"- gradient bytes per step {t.get('bytes_per_step', 0):.0f} (uncompressed {t.get('uncompressed_bytes', 0):.0f})"]
+              f"- **{t.get('steps', 0)} steps** on {t.get('world_size', 1)} ranks "
+              f"(stopped by {t.get('stopped_by', 'n/a')}), comm `{t.get('comm', 'none')}`, amp `{t.get('amp', 'n/a')}`",
+              f"- final evaluation accuracy **{_f(t.get('final_acc'))}** on `{t.get('eval_split', 'test')}`"
+              + (f" ({len(evals)} evaluation{'s' if len(evals) != 1 else ''} during training)" if evals else ""),
+              f"- loader throughput {_f(t.get('samples_per_s'), '.0f')} samples/s, waiting for data "
+              f"{_f(100 * t['data_wait_frac'] if 'data_wait_frac' in t else None, '.1f')}% of step time",
+              f"- gradient bytes per step {_f(t.get('bytes_per_step'), '.0f')} "
+              f"(uncompressed {_f(t.get('uncompressed_bytes'), '.0f')})"]
     if t.get("loader"):  # the loader's bottleneck, from its profile (rank 0)
         lines.append(f"- loader `{t['loader'].get('backend')}`: {t['loader'].get('summary', '')}")
     sel = s.get("selection")
@@ -78,10 +131,26 @@ def markdown_summary(s: dict[str, Any]) -> str:
                                                 for k, v in sel.items()))
     p = s.get("promotion", {})
     lines += ["", "## Evaluation and promotion",
-              f"- candidate test accuracy **{p.get('candidate_value', float('nan')):.4f}**",
+              f"- candidate accuracy **{_f(p.get('candidate_value'))}** on `{p.get('eval_split', 'val')}` (decides)"
+              + (f"; on `{p['report_split']}` (reported only): {_f(p['report'].get('acc'))}"
+                 if p.get("report") and p.get("report_split") != p.get("eval_split") else ""),
               f"- champion before: {p.get('champion_before') or 'none'}"
-              + (f" ({p['champion_value']:.4f})" if p.get("champion_value") is not None else ""),
+              + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
               f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}"]
-    if s.get("curves_uri"):
-        lines += ["", "## Training curves", f"![training curves]({s['curves_uri']})"]
+    charts = s.get("charts", {})
+    if charts:
+        lines += ["", "## Training curves"] + [f"![{name}]({uri})" for name, uri in charts.items()]
     return "\n".join(lines) + "\n"
+
+
+def report_markdown(summary: dict[str, Any], metrics_path: str | Path) -> str:
+    """The whole report: the summary and both charts (training loss, evaluation accuracy)."""
+    loss, acc = read_curves(metrics_path)
+    charts = {
+        "training loss": data_uri(chart_svg({"train loss": loss}, "training loss", "loss",
+                                            y_limits=(0.0, math.inf))),
+        "evaluation accuracy": data_uri(chart_svg({"eval accuracy": acc}, "evaluation accuracy",
+                                                  "accuracy", y_limits=(0.0, 1.0),
+                                                  empty="no evaluation recorded")),
+    }
+    return markdown_summary({**summary, "charts": charts})

@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist iproute2"  # iproute2: ip/tc for the simulated cluster
+# iproute2: ip/tc for the simulated cluster; chromium + chromium-driver: the test that reads the
+# nightly report in a real browser
+APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist iproute2 chromium chromium-driver"
 STAMP="$VENV/.sluice-setup-stamp"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

@@ -56,6 +56,9 @@ class StorageError(SluiceError):
 class WriteError(StorageError, OSError):
     """A write that failed, with the path it was writing and the reason (``errno`` is kept)."""
 
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return self.strerror or super().__str__()
+
 
 class ArtifactError(StorageError, ValueError):
     """A dataset artifact that is missing, incomplete or does not match its manifest."""

@@ -67,9 +67,11 @@ class DatasetArtifact:
         return self.local(rec).read_bytes().decode().splitlines()
 
     def verify(self, splits: list[str] | None = None, deep: bool = True) -> None:
-        """Raise ArtifactError naming the first file that is missing or differs.
+        """Raise ArtifactError naming the first file that is missing or differs, or whose sample
+        count disagrees with the manifest's.
 
-        ``deep`` re-hashes every byte; otherwise only existence and size are checked.
+        ``deep`` re-hashes every byte; otherwise existence and size are checked, and the counts
+        read from the files' headers (cheap: a few bytes per file, and keys.txt).
         """
         names = splits if splits is not None else list(self.manifest.splits)
         for name in names:
@@ -78,6 +80,47 @@ class DatasetArtifact:
                    [r for r in (s.ffcv, s.labels, s.keys) if r]
             for rec in recs:
                 verify_file(self.path(rec), rec, deep=deep)
+            self._check_counts(name)
+
+    def _check_counts(self, name: str) -> None:
+        """The split's sample count against what its files hold: shards that tile 0..count-1,
+        each DALI index header, the .beton header, labels.npy's shape and keys.txt's lines. A
+        hand-edited manifest fails here, before the first batch, not with garbage later."""
+        s = self.manifest.split(name)
+
+        def mismatch(what: str, holds: int, expected: int | None = None) -> ArtifactError:
+            return ArtifactError(f"{self.root}: split {name!r} has {expected if expected is not None else s.count} "
+                                 f"samples by its manifest, but {what} holds {holds} (the manifest was edited "
+                                 "or belongs to other files); re-shard, or restore the original manifest")
+        first = 0
+        for sh in s.shards:
+            if sh.first_index != first:
+                raise mismatch(f"the shard list (shard {sh.tar.path} starts at index {sh.first_index})", first)
+            first += sh.count
+            if sh.dali_index is not None:
+                head = _head(self.path(sh.dali_index), 64).split(b"\n", 1)[0].split()
+                n = int(head[1]) if len(head) == 2 and head[1].isdigit() else -1
+                if n != sh.count:
+                    raise mismatch(f"the index {sh.dali_index.path}", n, sh.count)
+        if s.shards and first != s.count:
+            raise mismatch(f"its {len(s.shards)} tar shards together", first)
+        if s.ffcv is not None:
+            n = int.from_bytes(_head(self.path(s.ffcv), 16)[8:16], "little")  # FFCV header: num_samples
+            if n != s.count:
+                raise mismatch(f"the FFCV file {s.ffcv.path}", n)
+        raw = _head(self.path(s.labels), 256)
+        try:
+            f = io.BytesIO(raw)
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape = read(f)[0]
+        except (ValueError, OSError) as e:
+            raise ArtifactError(f"{self.path(s.labels)} is not a valid .npy file: {e}") from None
+        if shape != (s.count,):
+            raise mismatch(f"{s.labels.path} (shape {shape})", shape[0] if shape else 0)
+        n = read_bytes(self.path(s.keys)).count(b"\n")
+        if n != s.count:
+            raise mismatch(f"{s.keys.path}", n)
 
 
 class _LocalFiles:
@@ -105,6 +148,12 @@ def verify_file(path: str, rec: FileRecord, deep: bool = True) -> None:
         if digest != rec.sha256:
             raise ArtifactError(f"checksum mismatch for {path}: sha256 {digest[:16]}…, "
                                 f"manifest says {rec.sha256[:16]}… (corrupted)")
+
+
+def _head(path: str, n: int) -> bytes:
+    fs, p = filesystem(path)
+    with fs.open(p, "rb") as f:
+        return f.read(n)
 
 
 def open_artifact(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,

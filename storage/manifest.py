@@ -95,6 +95,12 @@ class QuarantineRecord(_Model):
     reason: str
 
 
+class DamageRecord(_Model):
+    """A damaged source file whose readable part was kept (``ingest.keep_damaged``)."""
+    where: str
+    reason: str
+
+
 class Manifest(_Model):
     schema_version: int = SCHEMA_VERSION
     fingerprint: str  # hash of source content + config + schema: same inputs, same artifact
@@ -105,6 +111,7 @@ class Manifest(_Model):
     fields: FieldSpecs
     splits: dict[str, SplitRecord]
     quarantine: list[QuarantineRecord] = Field(default_factory=list)
+    damaged_sources: list[DamageRecord] = Field(default_factory=list)
     formats: list[Literal["webdataset", "dali", "ffcv"]]
 
     @property

@@ -13,7 +13,6 @@ A failed or crashed run never registers a record, so it can never move the point
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -21,12 +20,13 @@ import shutil
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.errors import RegistryError
 from sluice.storage import atomic
+from sluice.storage.locking import exclusive
 
 
 class ModelRecord(BaseModel):
@@ -54,8 +54,7 @@ class Decision(BaseModel):
 
 class Registry:
     def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
-        (self.root / "models").mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)  # created by the first register(), never by reading
 
     # ------------------------------------------------------------------ records
     def register(self, checkpoint: str | os.PathLike, *, dataset_fingerprint: str, eval_split: str,
@@ -70,7 +69,7 @@ class Registry:
         now = datetime.now(timezone.utc)
         model_id = f"{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         d = self.root / "models" / model_id
-        d.mkdir(parents=True)
+        d.mkdir(parents=True)  # the registry's folders appear with its first model
         atomic.write_with(d / "checkpoint.pt", lambda tmp: shutil.copyfile(src, tmp))
         rec = ModelRecord(model_id=model_id, created_at=now.isoformat(), dataset_fingerprint=dataset_fingerprint,
                           eval_split=eval_split, metric=metric, value=float(value), metrics=metrics or {},
@@ -106,14 +105,8 @@ class Registry:
     def history(self) -> list[dict[str, Any]]:
         return self._pointer().get("history", [])
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with open(self.root / ".lock", "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+    def _locked(self):
+        return exclusive(self.root / ".lock")
 
     def promote_if_better(self, candidate: ModelRecord, margin: float = 0.0,
                           champion_value_now: float | None = None) -> Decision:

@@ -73,6 +73,20 @@ def train_test_npz(tmp_path_factory) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """One real Prefect server (UI enabled) on 127.0.0.1 for the whole session; stopped, with
+    everything a test spawned beside it, at the end."""
+    from prefect_stack import Stack
+    s = Stack(tmp_path_factory.mktemp("prefect-home"))
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        assert all(p.poll() is not None for p in s.procs)
+
+
+@pytest.fixture(scope="session")
 def fmnist_artifact(tmp_path_factory):
     """A raw (npy) artifact of a 600+600 sample Fashion-MNIST slice, all formats, small shards."""
     from sluice.stages.data.config import IngestConfig

@@ -1,7 +1,8 @@
 """End to end with real components: a Prefect server on 127.0.0.1, a process work pool and
 worker, ``prefect deploy`` from deploy/prefect.yaml, ``prefect deployment run --watch``.
 
-One module-scoped server serves every test here; all processes are stopped at the end.
+The session's Prefect server (``prefect_server`` in conftest) serves every test here; the
+worker is stopped at the end of the module, the server at the end of the session.
 """
 from __future__ import annotations
 
@@ -9,33 +10,18 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import ROOT
+from prefect_stack import api
+from procwatch import pids_with_env, wait_until
 
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _api(url: str, path: str, body: dict | None = None):
-    req = urllib.request.Request(url + path, data=json.dumps(body or {}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST" if body is not None else "GET")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read() or "null")
 
 
 def _tiny(data_root: Path, **over) -> dict:
@@ -49,80 +35,20 @@ def _tiny(data_root: Path, **over) -> dict:
     return cfg
 
 
-class Stack:
-    """A Prefect server and a worker, each in its own process group."""
-
-    def __init__(self, home: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/api"
-        self.env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": self.url,
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-                    "PREFECT_WORKER_QUERY_SECONDS": "2", "SLUICE_PROJECT_DIR": str(ROOT),
-                    "PYTHONPATH": str(ROOT)}
-        self.procs: list[subprocess.Popen] = []
-        self.logs = home
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")
-        p = subprocess.Popen([str(BIN / "prefect"), *args], env=self.env, cwd=ROOT, stdout=log,
-                             stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "prefect"), *args], env=self.env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=timeout)
-
-    def start(self) -> None:
-        self.spawn("server", "server", "start", "--host", "127.0.0.1", "--port", str(self.port))
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            try:
-                if _api(self.url, "/health") is True:
-                    return
-            except OSError:
-                pass
-            if self.procs[0].poll() is not None:
-                break
-            time.sleep(1)
-        raise RuntimeError("prefect server did not become healthy:\n" + (self.logs / "server.log").read_text()[-3000:])
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-    def run_deployment(self, name: str, config: dict, timeout: float = 600) -> tuple[str, str]:
-        r = self.cli("deployment", "run", name, "--params", json.dumps({"config": config}), "--watch",
-                     "--watch-timeout", str(int(timeout)), timeout=timeout + 60)
-        out = r.stdout + r.stderr
-        run_id = next((line.split()[-1] for line in out.splitlines() if "UUID:" in line), "")
-        state = _api(self.url, f"/flow_runs/{run_id}")["state"]["type"] if run_id else "UNKNOWN"
-        return state, out
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-home")
-    s = Stack(home)
+def stack(prefect_server):
+    """The session's Prefect server, plus a process work pool, the deployments and a worker."""
+    s = prefect_server
+    r = s.cli("work-pool", "create", "sluice-process", "--type", "process")
+    assert r.returncode == 0 or "already exists" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = s.cli("--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    worker = s.spawn("worker", "worker", "start", "--pool", "sluice-process")
     try:
-        s.start()
-        r = s.cli("work-pool", "create", "sluice-process", "--type", "process")
-        assert r.returncode == 0, r.stdout + r.stderr
-        r = s.cli("--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml")
-        assert r.returncode == 0, r.stdout + r.stderr
-        s.spawn("worker", "worker", "start", "--pool", "sluice-process")
         yield s
     finally:
-        s.stop()
-        for p in s.procs:
-            assert p.poll() is not None
+        s.stop(worker)
+        assert worker.poll() is not None
 
 
 def test_nightly_schedule_is_the_documented_cron(stack):
@@ -130,11 +56,11 @@ def test_nightly_schedule_is_the_documented_cron(stack):
     nightly = next(d for d in spec["deployments"] if d["name"] == "nightly")
     assert nightly["schedules"][0]["cron"] == "0 2 * * *" and nightly["schedules"][0]["timezone"]
     assert "0 2 * * *" in (ROOT / "README.md").read_text()
-    dep = _api(stack.url, "/deployments/name/nightly-retrain/nightly")
+    dep = api(stack.url, "/deployments/name/nightly-retrain/nightly")
     (sched,) = dep["schedules"]
     assert sched["schedule"]["cron"] == "0 2 * * *" and sched["schedule"]["timezone"] == "UTC"
     assert sched["active"]
-    assert _api(stack.url, "/deployments/name/nightly-retrain/adhoc")["schedules"] == []
+    assert api(stack.url, "/deployments/name/nightly-retrain/adhoc")["schedules"] == []
 
 
 def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
@@ -165,7 +91,7 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
         latest = max(reg.list(), key=lambda r: r.created_at)
         digests = latest.metrics["param_digests"]
         assert latest.metrics["world_size"] == 2 and len(digests) == 2 and digests[0] == digests[1]
-    runs = _api(stack.url, "/task_runs/filter", {"sort": "EXPECTED_START_TIME_DESC", "limit": 50})
+    runs = api(stack.url, "/task_runs/filter", {"sort": "EXPECTED_START_TIME_DESC", "limit": 50})
     latest = {}
     for tr in runs:
         name = tr["name"].rsplit("-", 1)[0]
@@ -216,23 +142,15 @@ def test_shard_map_runs_on_a_dask_cluster(stack, tmp_path):
     root = next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("ROOT"))
     art = open_artifact(root)
     art.verify()
-    # the default selection trains no IL model, so no holdout is kept (its samples train)
+    # no IL model in the default recipe, so no holdout (#14)
     assert art.manifest.counts() == {"train": 900, "holdout": 0, "val": 100, "test": 1000}
-    runs = _api(stack.url, "/task_runs/filter", {"task_runs": {"name": {"like_": "write-shard"}}, "limit": 200})
-    assert len([t for t in runs if t["state"]["type"] == "COMPLETED"]) >= 9  # 4 train, 1 val, 4 test
+    runs = api(stack.url, "/task_runs/filter", {"task_runs": {"name": {"like_": "write-shard"}}, "limit": 200})
+    assert len([t for t in runs if t["state"]["type"] == "COMPLETED"]) >= 9  # 4 train, 1 val, 4 test shards
 
 
 def _flow_run_pids(run_id: str) -> list[int]:
     """Processes executing this flow run (the worker exports its id to the run's process)."""
-    marker = f"PREFECT__FLOW_RUN_ID={run_id}".encode()
-    pids = []
-    for env in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker in env.read_bytes().split(b"\0"):
-                pids.append(int(env.parent.name))
-        except OSError:
-            continue
-    return pids
+    return pids_with_env(f"PREFECT__FLOW_RUN_ID={run_id}")
 
 
 def _parent(pid: int) -> int:
@@ -243,13 +161,7 @@ def _parent(pid: int) -> int:
 
 
 def _wait_for(what: str, check, timeout: float = 300, every: float = 1.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_until(what, check, timeout, every)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")
@@ -265,7 +177,7 @@ def test_killed_flow_run_is_crashed_and_the_next_run_succeeds(stack, tmp_path):
     run_id = next(line.split()[-1] for line in (r.stdout + r.stderr).splitlines() if "UUID:" in line)
 
     def training() -> bool:
-        runs = _api(stack.url, "/task_runs/filter",
+        runs = api(stack.url, "/task_runs/filter",
                     {"flow_runs": {"id": {"any_": [run_id]}}, "limit": 50})
         return any(t["name"].startswith("train-") and t["state"]["type"] == "RUNNING" for t in runs)
     _wait_for("the train task to start", training, timeout=400)
@@ -278,7 +190,7 @@ def test_killed_flow_run_is_crashed_and_the_next_run_succeeds(stack, tmp_path):
     os.kill(top[0], signal.SIGKILL)  # only the flow's process: the rest must follow by themselves
 
     _wait_for("Prefect to mark the run crashed",
-              lambda: _api(stack.url, f"/flow_runs/{run_id}")["state"]["type"] == "CRASHED", timeout=120)
+              lambda: api(stack.url, f"/flow_runs/{run_id}")["state"]["type"] == "CRASHED", timeout=120)
     # torchrun and its ranks inherit the run id in their environment: all of them must be gone
     _wait_for("torchrun and its ranks to exit", lambda: not _flow_run_pids(run_id), timeout=60)
     reg = Registry(data / "registry")

@@ -172,17 +172,26 @@ def test_reshard_from_webdataset_shards(fmnist_artifact, tmp_path):
     assert (re.labels("train") == art.labels("train")).all()
 
 
-def test_truncated_webdataset_shard_keeps_good_samples(fmnist_artifact, tmp_path):
+def test_truncated_webdataset_shard_fails_unless_its_readable_part_is_wanted(fmnist_artifact, tmp_path):
+    """A truncated shard is refused, naming it; with ingest.keep_damaged the samples before the
+    cut are kept and the damage is recorded in the manifest and the summary."""
+    from sluice.errors import SourceError
     art = open_artifact(fmnist_artifact.root)
     tar = art.local(art.manifest.splits["train"].shards[0].tar)
     cut = tmp_path / "cut.tar"
     cut.write_bytes(tar.read_bytes()[: 1536 * 3 * 40 + 700])  # mid-way through a member
-    s = shard_dataset(IngestConfig(source=str(cut), holdout_fraction=0, val_fraction=0, test_fraction=0,
-                                   num_classes=10),
-                      tmp_path / "re", ShardConfig(formats=["webdataset"], max_bad_fraction=0.1, **QUIET))
+    ingest = dict(source=str(cut), holdout_fraction=0, val_fraction=0, test_fraction=0, num_classes=10)
+    cfg = ShardConfig(formats=["webdataset"], max_bad_fraction=0.1, **QUIET)
+    with pytest.raises(SourceError, match="cut.tar: damaged WebDataset shard .*keep_damaged"):
+        shard_dataset(IngestConfig(**ingest), tmp_path / "re", cfg)
+    assert not (tmp_path / "re").exists()
+    s = shard_dataset(IngestConfig(**ingest, keep_damaged=True), tmp_path / "re", cfg)
     m = s.manifest
     assert m.splits["train"].count >= 39
     assert all("truncated" in q.reason or "no label" in q.reason for q in m.quarantine)
+    (d,) = m.damaged_sources
+    assert d.where == str(cut) and "kept the" in d.reason
+    assert f"DAMAGED SOURCE {cut}" in s.format()
 
 
 def test_cli_shard_prints_summary(tmp_path):

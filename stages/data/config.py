@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from sluice.stages.data.sources.base import SOURCES
 from sluice.storage.fingerprint import hash_obj
 
 Format = Literal["webdataset", "dali", "ffcv"]
+DEFAULT_MAX_PIXELS = 8192 * 8192  # 67 M pixels, 201 MB decoded as RGB
+_LATER_DEFAULTS = {"max_pixels": DEFAULT_MAX_PIXELS}  # ShardConfig fields added after version 0.2
 ALL_FORMATS: list[Format] = ["webdataset", "dali", "ffcv"]
 
 
@@ -28,6 +30,8 @@ class IngestConfig(BaseModel):
     seed: int = 0
     limit: int | None = Field(None, ge=1, description="first N samples of each source split (quick runs)")
     num_classes: int | None = Field(None, ge=1, description="labels must lie in [0, num_classes)")
+    keep_damaged: bool = Field(False, description="shard the readable part of a damaged source file (a "
+                               "truncated tar) instead of failing; the damage is recorded in the manifest")
 
     @field_validator("kind")
     @classmethod
@@ -42,7 +46,9 @@ class IngestConfig(BaseModel):
 
     def split_fingerprint(self) -> str:
         """What, besides the source content, decides which sample lands in which split."""
-        return hash_obj(self.model_dump(exclude={"source", "kind"}))
+        # keep_damaged only decides whether a damaged source may be used at all: the same
+        # readable samples land in the same splits either way.
+        return hash_obj(self.model_dump(exclude={"source", "kind", "keep_damaged"}))
 
 
 class ShardConfig(BaseModel):
@@ -55,9 +61,12 @@ class ShardConfig(BaseModel):
     shard_samples: int = Field(5000, ge=1, description="samples per shard")
     shard_bytes: int | None = Field(None, ge=4096, description="target shard size; overrides shard_samples")
     formats: list[Format] = Field(default_factory=lambda: list(ALL_FORMATS))
-    image_size: tuple[int, int] | None = Field(None, description="resize every image to (H, W)")
+    image_size: tuple[PositiveInt, PositiveInt] | None = Field(None, description="resize every image to (H, W)")
     channels: Literal[1, 3] | None = Field(None, description="convert to 1 (gray) or 3 (RGB)")
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1,
+                            description="an image with more pixels (width x height) is quarantined "
+                                        "before it is decoded: decompression bombs")
     workers: int | None = Field(None, ge=1, description="processes; default: all cores")
     progress: bool = True
 
@@ -68,11 +77,16 @@ class ShardConfig(BaseModel):
         if "dali" in self.formats and "webdataset" not in self.formats:
             raise ValueError("the dali format indexes the WebDataset shards: add webdataset to formats")
         self.formats = [f for f in ALL_FORMATS if f in self.formats]
+        if self.image_size is not None and self.image_size[0] * self.image_size[1] > self.max_pixels:
+            raise ValueError(f"image_size {list(self.image_size)} is more than max_pixels={self.max_pixels} pixels")
         return self
 
     def content_fingerprint(self) -> str:
-        """Only what changes the bytes written: not workers or progress bars."""
-        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction"}))
+        """Only what changes the bytes written: not workers or progress bars. Options added
+        later count only when set away from their default, so existing artifacts keep their
+        fingerprints."""
+        later = {k for k, v in _LATER_DEFAULTS.items() if getattr(self, k) == v}
+        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction"} | later))
 
 
 class PrepareConfig(BaseModel):

@@ -30,14 +30,17 @@ class ShardJob:
     def prepare(self, s: RawSample) -> tuple[np.ndarray, int]:
         """Validated HWC uint8 pixels and the integer label, or SampleError saying why not."""
         label = to_label(s.label, self.num_classes)
-        return decode_pixels(s, self.config.channels, self.config.image_size), label
+        cfg = self.config
+        return decode_pixels(s, cfg.channels, cfg.image_size, cfg.max_pixels), label
 
     def members(self, s: RawSample, pixels: np.ndarray, label: int, index: int) -> list[tuple[str, bytes]]:
-        """The tar members of one sample: its image (passed through unchanged when the source
-        already holds it in the wanted encoding), its label and its split index."""
+        """The tar members of one sample: its image (passed through unchanged when the source's
+        bytes already decode to exactly these pixels in the wanted encoding), its label and its
+        split index."""
         cfg = self.config
         passthrough = (s.encoded is not None and s.encoded_ext == cfg.encoding and cfg.encoding != "npy"
-                       and cfg.image_size is None and cfg.channels is None)
+                       and cfg.image_size is None and cfg.channels is None
+                       and stored_as_is(s.encoded, cfg.encoding, pixels))
         img = s.encoded if passthrough else encode_image(pixels, cfg.encoding, cfg.jpeg_quality, cfg.png_level)
         return [(cfg.encoding, img), ("cls", str(label).encode()),
                 ("idx", int(index).to_bytes(8, "little", signed=True))]
@@ -58,8 +61,8 @@ def to_label(value: object, num_classes: int | None) -> int:
         except UnicodeDecodeError:
             raise SampleError(f"label {bytes(value)[:16]!r} is not an integer") from None
     if isinstance(value, str):
-        s = value.strip()
-        if not (s.lstrip("-").isdigit()):
+        s = value.strip().lstrip("\ufeff").strip()  # a byte-order mark is encoding, not content
+        if not (s.isascii() and s.lstrip("-").isdigit()):  # "²".isdigit() is True, int("²") fails
             raise SampleError(f"label {value!r} is not an integer")
         label = int(s)
     elif isinstance(value, (bool, np.bool_)):
@@ -79,12 +82,15 @@ def to_label(value: object, num_classes: int | None) -> int:
     return label
 
 
-def decode_pixels(s: RawSample, channels: int | None, size: tuple[int, int] | None) -> np.ndarray:
-    """HxWxC uint8 pixels of a sample (decoding bytes if needed, resizing if asked)."""
+def decode_pixels(s: RawSample, channels: int | None, size: tuple[int, int] | None,
+                  max_pixels: int | None = None) -> np.ndarray:
+    """HxWxC uint8 pixels of a sample (decoding bytes if needed, resizing if asked). Pixel values
+    are never changed silently: 16-bit images are scaled to 8 bits, anything else that is not
+    0..255 is refused, and an image above ``max_pixels`` is refused before it is decoded."""
     if s.array is not None:
         arr = np.asarray(s.array)
     elif s.encoded is not None:
-        arr = _decode_bytes(s.encoded, s.encoded_ext, channels)
+        arr = _decode_bytes(s.encoded, s.encoded_ext, channels, max_pixels)
     else:
         raise SampleError("sample has no image data")
     if arr.dtype != np.uint8:
@@ -96,6 +102,7 @@ def decode_pixels(s: RawSample, channels: int | None, size: tuple[int, int] | No
         arr = arr[:, :, None]
     if arr.ndim != 3 or arr.shape[2] not in (1, 3, 4) or arr.shape[0] < 1 or arr.shape[1] < 1:
         raise SampleError(f"image shape {arr.shape} is not (H, W, C) with C in 1, 3")
+    _check_pixels(arr.shape[1], arr.shape[0], max_pixels)
     if arr.shape[2] == 4:
         arr = arr[:, :, :3]
     if channels == 3 and arr.shape[2] == 1:
@@ -107,20 +114,73 @@ def decode_pixels(s: RawSample, channels: int | None, size: tuple[int, int] | No
     return np.ascontiguousarray(arr)
 
 
-def _decode_bytes(data: bytes, ext: str | None, channels: int | None) -> np.ndarray:
+def _check_pixels(width: int, height: int, max_pixels: int | None) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise SampleError(f"image is {width}x{height} = {width * height:,} pixels, more than "
+                          f"shard.max_pixels={max_pixels:,} (a decompression bomb?); raise the limit "
+                          "to keep such images")
+
+
+_PIL_FORMAT = {"jpg": "JPEG", "png": "PNG"}
+
+
+def _decode_bytes(data: bytes, ext: str | None, channels: int | None, max_pixels: int | None = None) -> np.ndarray:
     if ext == "npy":
         try:
             return np.load(io.BytesIO(data), allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise SampleError(f"cannot decode .npy bytes: {e}") from None
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageOps, UnidentifiedImageError
     try:
         with Image.open(io.BytesIO(data)) as im:
+            _check_pixels(*im.size, max_pixels)  # from the header, before any pixel is decoded
             im.load()
-            mode = "L" if channels == 1 or (channels is None and im.mode in ("L", "I;16", "1")) else "RGB"
+            if im.getexif().get(0x0112, 1) != 1:
+                im = ImageOps.exif_transpose(im)  # upright, as a viewer shows it
+            if im.mode.startswith("I;16"):
+                arr = _from_16_bit(np.asarray(im))
+                return _to_channels(arr, channels)
+            if im.mode == "I":
+                arr = np.asarray(im)
+                if arr.size and (arr.min() < 0 or arr.max() > 255):
+                    raise SampleError(f"32-bit integer pixels (range {arr.min()}..{arr.max()}) cannot "
+                                      "be scaled to 8 bits without knowing their range")
+                return _to_channels(arr.astype(np.uint8), channels)
+            if im.mode == "F":
+                raise SampleError("floating-point pixels cannot be stored as 8 bits without changing them")
+            mode = "L" if channels == 1 or (channels is None and im.mode in ("L", "LA", "1")) else "RGB"
             return np.asarray(im.convert(mode))
+    except Image.DecompressionBombError:  # PIL refuses it at open, before our own check
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        ours = f"more than shard.max_pixels={max_pixels:,} and " if max_pixels and max_pixels < limit else ""
+        raise SampleError(f"image has {ours}more than the {limit:,} pixels PIL will decode (a decompression "
+                          "bomb?)") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise SampleError(f"cannot decode image ({ext or 'unknown format'}): {e}") from None
+
+
+def _from_16_bit(arr: np.ndarray) -> np.ndarray:
+    """16-bit pixels scaled to 8 bits, rounding: 0 stays 0, 65535 becomes 255, order is kept."""
+    return ((arr.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+
+
+def _to_channels(arr: np.ndarray, channels: int | None) -> np.ndarray:
+    return np.repeat(arr[:, :, None], 3, axis=2) if channels == 3 else arr
+
+
+def stored_as_is(data: bytes, encoding: str, pixels: np.ndarray) -> bool:
+    """Whether ``data`` decodes, with no further step, to exactly ``pixels``: the wanted format,
+    8-bit gray or RGB as stored, upright (no EXIF rotation), the same size. Only then may the
+    source's bytes go into the artifact unchanged; anything else is re-encoded from the pixels."""
+    from PIL import Image
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            gray = pixels.shape[2] == 1
+            return (im.format == _PIL_FORMAT.get(encoding) and im.mode == ("L" if gray else "RGB")
+                    and im.size == (pixels.shape[1], pixels.shape[0])
+                    and im.getexif().get(0x0112, 1) == 1)
+    except Exception:  # noqa: BLE001 - undecidable: re-encode
+        return False
 
 
 def _resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:

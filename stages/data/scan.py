@@ -46,7 +46,7 @@ def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[tuple]:
     unusable. Plain tuples: they cross the process boundary by the thousand."""
     out = []
     for sp, i in chunk:
-        key, where = f"{sp}-{i:06d}", f"{sp}[{i}]"
+        key, where = job.source.describe(sp, i)
         try:
             s = job.source.load(sp, i)
             key, where = s.key, s.where
@@ -109,10 +109,20 @@ def _fixed_shape(good: dict[str, list[PlannedSample]], shapes: dict[str, list[tu
                 keep.append(g)
             else:
                 bad.append({"split": split, "key": g.key, "where": where,
-                            "reason": f"shape {s} differs from the dataset's {common}; "
-                                      "a fixed shape is required here (set shard.image_size to resize)"})
+                            "reason": f"shape {s} differs from the dataset's {common}; a fixed shape "
+                                      f"is required here ({_shape_hint(s, common)})"})
         good[split] = keep
     return common
+
+
+def _shape_hint(shape: Shape, common: Shape) -> str:
+    """The setting that makes ``shape`` fit: channels, size, or both."""
+    fixes = []
+    if shape[:2] != common[:2]:
+        fixes.append(f"set shard.image_size=[{common[0]},{common[1]}] to resize")
+    if shape[2] != common[2]:
+        fixes.append(f"set shard.channels={common[2]} to convert {'gray to RGB' if common[2] == 3 else 'RGB to gray'}")
+    return " and ".join(fixes)
 
 
 def _dedupe(items: list[PlannedSample]) -> list[PlannedSample]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -34,11 +35,12 @@ from sluice.stages.data.ingest import open_source, source_record
 from sluice.stages.data.scan import SCAN_FILE, PlannedSample, ScanResult, check_bad, scan
 from sluice.stages.data.sources import Source
 from sluice.stages.data.split import plan_splits
-from sluice.stages.procs import map_forked
+from sluice.stages.procs import WorkerDied, map_forked
 from sluice.storage import atomic
 from sluice.storage.artifact import LATEST
 from sluice.storage.fingerprint import combine, hash_obj, sha256_file
-from sluice.storage.manifest import (SCHEMA_VERSION, SPLITS, FieldSpecs, FileRecord, ImageFieldSpec,
+from sluice.storage.locking import exclusive
+from sluice.storage.manifest import (SCHEMA_VERSION, SPLITS, DamageRecord, FieldSpecs, FileRecord, ImageFieldSpec,
                                      LabelFieldSpec, Manifest, QuarantineRecord, ShardRecord,
                                      SplitRecord, read_manifest, write_manifest)
 from sluice.storage.paths import filesystem, is_local, join, local_path
@@ -67,6 +69,8 @@ class ShardSummary:
         lines.append(f"  total {sum(m.counts().values())} samples, {m.total_bytes() / 1e6:.1f} MB, "
                      f"formats {', '.join(m.formats)}, encoding {m.fields.image.encoding}")
         lines.append(f"  quarantined {m.quarantined}")
+        for d in m.damaged_sources:
+            lines.append(f"  DAMAGED SOURCE {d.where}: {d.reason}")
         state = "up to date (nothing rewritten)" if self.reused else \
             f"{self.shards_written} shards written, {self.shards_reused} reused from an earlier run"
         lines.append(f"  {state} in {self.seconds:.1f} s")
@@ -111,13 +115,40 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
     fp = dataset_fingerprint(src, ingest, cfg)
     version = fp[:16]
     root = join(out, version)
-    fs, _ = filesystem(root)
-    if fs.exists(join(filesystem(root)[1], "manifest.json")):
-        manifest = read_manifest(root)
-        _point_latest(out, version)
-        return ShardSummary(root, manifest, True, time.perf_counter() - t0)
-
+    done = _finished(out, version, t0)
+    if done is not None:
+        return done
     work = local_path(root) if is_local(root) else Path(tempfile.gettempdir()) / "sluice-staging" / version
+    # One writer per version: a second run on the same output waits, then finds the artifact.
+    with exclusive(work.parent / f".{version}.lock", on_wait=lambda who: _tell(
+            f"sluice shard: {root} is being written by {who}; waiting for it to finish")):
+        done = _finished(out, version, t0)
+        if done is not None:
+            return done
+        manifest, results = _write(src, ingest, cfg, fp, work, map_shards)
+        if not is_local(root):
+            _upload(work, root)
+            shutil.rmtree(work, ignore_errors=True)
+    _point_latest(out, version)
+    written = sum(1 for r in results if not r.reused)
+    return ShardSummary(root, manifest, False, time.perf_counter() - t0, written, len(results) - written)
+
+
+def _finished(out: str | os.PathLike, version: str, t0: float) -> ShardSummary | None:
+    """The summary of an artifact that is already complete (its manifest exists), else None."""
+    root = join(out, version)
+    fs, path = filesystem(root)
+    if not fs.exists(join(path, "manifest.json")):
+        return None
+    manifest = read_manifest(root)
+    _point_latest(out, version)
+    return ShardSummary(root, manifest, True, time.perf_counter() - t0)
+
+
+def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str, work: Path,
+           map_shards: ShardMap | None) -> tuple[Manifest, list[ShardWritten]]:
+    """Scan, then write every shard and .beton into ``work`` and the manifest last. Files are
+    published one by one (atomically), so a killed run resumes from what it finished."""
     fresh = not work.exists()
     work.mkdir(parents=True, exist_ok=True)
     atomic.remove_stale_temps(work)
@@ -129,7 +160,7 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
             found = scan(job, plan, work, workers, advance)
         check_bad(found, cfg, work if fresh else None)
         tasks = _shard_tasks(job, found, work) if "webdataset" in cfg.formats else []
-        ffcv = FfcvWriter(work, found.good, job, found.shape, workers)
+        ffcv = FfcvWriter(work, found.good, job, found.shape)
         ffcv.start(background=bool(tasks) and workers > 1)
         try:
             if map_shards is not None and tasks:
@@ -141,21 +172,21 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
                     for r in map_forked(write_tar_shard, job, tasks, workers):
                         results.append(r)
                         advance(r.count)
-        finally:
-            ffcv.finish()
-        manifest = _finish(work, src, ingest, cfg, fp, found, results)
-    except KeyboardInterrupt:
-        raise
-    except SluiceError:
-        raise
+        except BaseException:
+            ffcv.abort()  # nothing may go on writing once the stage has failed
+            raise
+        ffcv.finish()
+        return _finish(work, src, ingest, cfg, fp, found, results), results
+    except WorkerDied as e:
+        raise ShardError(f"writing the artifact under {work} failed: {e}") from None
     except OSError as e:
+        if isinstance(e, SluiceError):
+            raise
         raise ShardError(f"writing the artifact under {work} failed: {e}") from e
-    if not is_local(root):
-        _upload(work, root)
-        shutil.rmtree(work, ignore_errors=True)
-    _point_latest(out, version)
-    written = sum(1 for r in results if not r.reused)
-    return ShardSummary(root, manifest, False, time.perf_counter() - t0, written, len(results) - written)
+
+
+def _tell(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 _OPENED: dict[str, ShardJob] = {}  # per process: the source a remote shard writer opened last
@@ -240,7 +271,8 @@ def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp:
         source=source_record(src),
         config={"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json")},
         fields=fields, splits=splits,
-        quarantine=[QuarantineRecord(**b) for b in found.bad], formats=cfg.formats)
+        quarantine=[QuarantineRecord(**b) for b in found.bad], formats=cfg.formats,
+        damaged_sources=[DamageRecord(where=w, reason=r) for w, r in src.damaged()])
     write_manifest(work, manifest)
     (work / SCAN_FILE).unlink(missing_ok=True)
     (work / FFCV_FAILED).unlink(missing_ok=True)

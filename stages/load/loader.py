@@ -132,7 +132,16 @@ class Loader:
                              f"({str(state.get('fingerprint'))[:16]} vs {self.artifact.fingerprint[:16]})")
         if state.get("split") != self.config.split:
             raise LoaderError(f"loader state has split={state.get('split')!r}, this loader {self.config.split!r}")
-        self.cursor.load_state_dict(state, world=int(state["world_size"]), batch=int(state["batch_size"]))
+        epoch, nxt, world, batch = (state.get(k) for k in ("epoch", "next_batch", "world_size", "batch_size"))
+        if not _is_int(epoch) or epoch < 0:
+            raise LoaderError(f"loader state has epoch={epoch!r}; it must be an integer >= 0")
+        if not _is_int(world) or world < 1 or not _is_int(batch) or batch < 1:
+            raise LoaderError(f"loader state has world_size={world!r}, batch_size={batch!r}; both must be integers >= 1")
+        if not _is_int(nxt) or nxt < 0 or (world == self.world_size and batch == self.config.batch_size
+                                            and nxt > len(self)):
+            raise LoaderError(f"loader state has next_batch={nxt!r}; it must be an integer from 0 to "
+                              f"the batches in an epoch ({len(self)} at this world size and batch)")
+        self.cursor.load_state_dict(state, world=int(world), batch=int(batch))
 
     def _order_for(self, epoch: int, global_batch: int) -> np.ndarray:
         """The sampler's global order of ``epoch`` as ordered for ``global_batch`` (only a
@@ -370,3 +379,7 @@ def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> t
     art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
     be = MemoryBackend(art, split, os.cpu_count() or 1)
     return be.images, be.labels
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))

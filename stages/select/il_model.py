@@ -113,15 +113,22 @@ def per_sample_loss(model: torch.nn.Module, images: torch.Tensor, labels: torch.
                     batch_size: int = 1024, device: str | torch.device = "cpu",
                     config: ILModelConfig | None = None) -> np.ndarray:
     """Cross-entropy of every sample under ``model`` in eval mode, as float32."""
+    return _score(model, images, labels, batch_size, device, config)[0]
+
+
+@torch.no_grad()
+def _score(model, images, labels, batch_size, device, config) -> tuple[np.ndarray, float]:
+    """Per-sample cross-entropy and the accuracy, from one pass."""
     model.eval()
     config = config or ILModelConfig(amp="none")
-    out = []
+    out, hits = [], 0
     for s in range(0, len(images), batch_size):
         with _amp(config, device):
             logits = model(_layout(images[s:s + batch_size].to(device))).float()
-        out.append(F.cross_entropy(logits, labels[s:s + batch_size].to(device),
-                                   reduction="none").cpu())
-    return torch.cat(out).numpy().astype(np.float32)
+        y = labels[s:s + batch_size].to(device)
+        out.append(F.cross_entropy(logits, y, reduction="none").cpu())
+        hits += int((logits.argmax(1) == y).sum())
+    return torch.cat(out).numpy().astype(np.float32), round(hits / max(1, len(images)), 4)
 
 
 def compute_irreducible_loss(config: ILModelConfig, holdout_images: np.ndarray | torch.Tensor,
@@ -171,10 +178,13 @@ def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_label
     t0 = time.perf_counter()
     model = train_il_model(config, hx, hy, num_classes, device)
     t1 = time.perf_counter()
-    values = per_sample_loss(model, tx, ty, config.score_batch_size, device, config)
+    values, scored_acc = _score(model, tx, ty, config.score_batch_size, device, config)
     t2 = time.perf_counter()
+    # holdout_accuracy is on the IL model's own training data (a sanity figure, and what
+    # label_noise="auto" reads); scored_accuracy is on the split it scores, which it never saw.
     extra = {"train_seconds": round(t1 - t0, 3), "score_seconds": round(t2 - t1, 3),
-             "holdout_size": n_hold, "holdout_accuracy": _accuracy(model, hx, hy, config, device)}
+             "holdout_size": n_hold, "holdout_accuracy": _accuracy(model, hx, hy, config, device),
+             "scored_split": split, "scored_accuracy": scored_acc}
     if scores_root is None:
         return Scores(values, fingerprint, IL_KIND, split, key, "", "", "", {**extra, "reused": False})
     s = save_scores(scores_root, values, fingerprint=fingerprint, kind=IL_KIND, split=split,

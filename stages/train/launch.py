@@ -4,9 +4,12 @@ return rank 0's :class:`~sluice.stages.train.loop.TrainResult`.
 The job is a typed ``TrainJob`` (config, data specs, selection spec), validated here before
 anything starts, so a bad field or an unknown model/method/hook fails in the caller.
 
-Single node: a c10d rendezvous on ``127.0.0.1:<free port>`` (loopback only, nothing is exposed).
-Several nodes: every node calls ``launch`` with the same ``rdzv_endpoint`` (node 0's address)
-and ``nnodes``; node 0 hosts the rendezvous. A node that cannot reach the endpoint fails within
+Single node: torchrun's rendezvous on ``127.0.0.1:<free port>`` with every socket it and the
+workers open on loopback (``rendezvous.py``: torchrun's own c10d stores listen on every
+interface). Several nodes: every node calls ``launch`` with the same ``rdzv_endpoint`` (node 0's
+address) and ``nnodes``; node 0 hosts torchrun's c10d rendezvous, which listens on all of node
+0's interfaces (the README's security section lists every port; ``env`` can pin the collectives
+to one interface with ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``). A node that cannot reach the endpoint fails within
 ``rdzv_timeout_s`` with an error naming the address. ``max_restarts`` lets torchrun restart all
 workers after one dies (``kill -9``); they resume from the last checkpoint in ``out_dir``.
 """
@@ -29,10 +32,12 @@ from pydantic import ValidationError
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError, TrainError
 from sluice.stages.load.specs import DataSpec
+from sluice.stages.procs import die_with_parent_preexec
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.loop import TrainResult
+from sluice.stages.train.rendezvous import BACKEND as LOOPBACK_BACKEND
 from sluice.stages.train.worker import FATAL, JOB, RESULT
 from sluice.storage.atomic import write_json
 
@@ -63,15 +68,24 @@ def wait_reachable(host: str, port: int, timeout_s: float) -> None:
 
 def torchrun_command(job: Path, nproc: int, endpoint: str, nnodes: int, max_restarts: int,
                      run_id: str, rdzv_timeout_s: float) -> list[str]:
-    """The torchrun command line for one node."""
-    host = endpoint.rsplit(":", 1)[0]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-           "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
+    """The torchrun command line for one node: on one machine, torchrun with every socket on
+    loopback (``rendezvous.py``); across machines, torchrun's own c10d rendezvous."""
+    local = nnodes == 1 and endpoint.rsplit(":", 1)[0] in (LOOPBACK, "localhost")
+    runner = "sluice.stages.train.rendezvous" if local else "torch.distributed.run"
+    cmd = [sys.executable, "-m", runner, "--nproc-per-node", str(nproc),
+           "--nnodes", str(nnodes), "--rdzv-backend", LOOPBACK_BACKEND if local else "c10d",
+           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
            "--rdzv-conf", f"join_timeout={int(rdzv_timeout_s)},read_timeout={int(rdzv_timeout_s)}"]
-    if host in (LOOPBACK, "localhost"):
+    if endpoint.rsplit(":", 1)[0] in (LOOPBACK, "localhost"):
         cmd += ["--local-addr", LOOPBACK]
     return cmd + ["-m", "sluice.stages.train.worker", "--job", str(job)]
+
+
+def _loopback_env(nnodes: int, endpoint: str) -> dict[str, str]:
+    """On one machine the collectives (gloo, NCCL's bootstrap) listen on loopback too."""
+    if nnodes == 1 and endpoint.rsplit(":", 1)[0] in (LOOPBACK, "localhost"):
+        return {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    return {}
 
 
 def make_job(config: TrainConfig | dict[str, Any], data: DataSpec | dict[str, Any],
@@ -117,7 +131,8 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
     out, job_path = prepare_run(job, out_dir)
     run_id = f"sluice-{uuid.uuid4().hex[:8]}" if nnodes == 1 else f"sluice-{port}"
     cmd = torchrun_command(job_path, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
-    rc, tail = _run(cmd, out / "torchrun.log", timeout_s, env, on_line)
+    rc, tail = _run(cmd, out / "torchrun.log", timeout_s, {**_loopback_env(nnodes, endpoint), **(env or {})},
+                    on_line)
     return _collect(out, rc, tail, endpoint)
 
 
@@ -152,7 +167,10 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
     tail: list[str] = []
     with open(log, "a") as f, subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-            start_new_session=True, preexec_fn=_die_with_parent(os.getpid())) as p:
+            # Its own session, so a timeout can stop torchrun's whole group; tied to this process,
+            # so a kill -9 of the flow does not leave it training as an orphan (on SIGTERM
+            # torchrun stops its workers).
+            start_new_session=True, preexec_fn=die_with_parent_preexec()) as p:
         watchdog = threading.Timer(timeout_s, _stop, args=(p,)) if timeout_s else None
         if watchdog is not None:
             watchdog.daemon = True
@@ -174,26 +192,6 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
             raise LaunchError(f"training exceeded timeout_s={timeout_s:g} and was stopped. "
                               f"Log: {log}")
     return rc, tail
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGTERM torchrun when the process that launched it dies.
-
-    torchrun runs in its own session (so a timeout can stop its whole group), which also means a
-    ``kill -9`` of the flow process would leave it training as an orphan. On SIGTERM torchrun
-    stops its workers, so nothing outlives a killed flow run. Not available off Linux (None).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-
-    def arm() -> None:
-        import ctypes
-        import signal
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-    return arm
 
 
 def _stop(p: subprocess.Popen) -> None:

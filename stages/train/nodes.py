@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError
 from sluice.stages.train.job import TrainJob
-from sluice.stages.train.launch import _collect, _die_with_parent, _stop, prepare_run
+from sluice.stages.procs import die_with_parent_preexec
+from sluice.stages.train.launch import _collect, _stop, prepare_run
 from sluice.stages.train.loop import TrainResult
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -207,7 +208,7 @@ class _NodeRun:
     def start(self) -> None:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=self.env, start_new_session=True,
-                                     preexec_fn=_die_with_parent(os.getpid()))
+                                     preexec_fn=die_with_parent_preexec())
         self._reader = threading.Thread(target=self._read, name=f"node{self.index}", daemon=True)
         self._reader.start()
 

@@ -76,6 +76,16 @@ class Source:
     def load(self, split: str, i: int) -> RawSample:
         raise NotImplementedError
 
+    def describe(self, split: str, i: int) -> tuple[str, str]:
+        """Sample ``i``'s key and where it lives (file, tar member), without reading it: what a
+        quarantine record names when even loading the sample fails."""
+        return f"{split}-{i:06d}", f"{split}[{i}]"
+
+    def damaged(self) -> list[tuple[str, str]]:
+        """(file, what is wrong) for each damaged file whose readable part this source kept
+        (``ingest.keep_damaged``); without that option a damaged file fails ``open``."""
+        return []
+
     def num_classes(self) -> int | None:
         return None
 
@@ -96,6 +106,9 @@ class ArraySource(Source):
 
     def where(self, split: str, i: int) -> str:
         raise NotImplementedError
+
+    def describe(self, split: str, i: int) -> tuple[str, str]:
+        return f"{split}-{i:06d}", self.where(split, i)
 
     def split_sizes(self) -> dict[str, int]:
         return {s: len(v) for s, v in self._labels.items()}

@@ -61,6 +61,9 @@ class FolderSource(Source):
         return RawSample(key=self._keys[split][i], label=label, encoded=data, encoded_ext=ext,
                          where=str(path))
 
+    def describe(self, split: str, i: int) -> tuple[str, str]:
+        return self._keys[split][i], str(self._files[split][i][0])
+
     def num_classes(self) -> int | None:
         return self._num_classes or len(self._classes)
 

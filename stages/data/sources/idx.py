@@ -3,6 +3,7 @@ pairs, ``train-`` and ``t10k-``/``test-`` prefixes), gzipped or not."""
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ def read_idx(path: Path) -> np.ndarray:
         raise SourceError(f"{path}: IDX header says {ndim} dimensions but the file ends at byte {len(raw)}")
     dims = [int.from_bytes(raw[4 + 4 * k: 8 + 4 * k], "big") for k in range(ndim)]
     dtype = np.dtype(IDX_DTYPES[code])
-    expected = header + int(np.prod(dims)) * dtype.itemsize
+    expected = header + math.prod(dims) * dtype.itemsize  # Python ints: no overflow
     if len(raw) != expected:
         raise SourceError(f"{path}: IDX header says shape {tuple(dims)} ({expected} bytes) but the "
                           f"file has {len(raw)} bytes")

@@ -25,11 +25,57 @@ def expand_braces(pattern: str) -> list[str]:
         items = body.split(",")
     return [e for it in items for e in expand_braces(pre + it + post)]
 
+BLOCK = 512
+
+
+def index_tar(path: Path) -> tuple[list[tuple[str, dict[str, tuple[int, int]]]], str | None]:
+    """The samples of one tar from its headers: ``[(key, {ext: (offset, size)})]`` in order,
+    and what is wrong with the file (None when it is whole).
+
+    Consecutive members with the same key form a sample; a key that comes back later, or a
+    repeated extension, starts a new sample (so duplicate keys lose nothing; the shard stage
+    makes keys unique). Python's ``tarfile`` silently stops at a truncated or corrupt header,
+    so the end is checked too: the last member's data must be complete and followed by the
+    end-of-archive marker (two zero blocks).
+    """
+    samples: list[tuple[str, dict[str, tuple[int, int]]]] = []
+    end = 0  # where the last member's (padded) data ends
+    try:
+        with tarfile.open(path, "r:") as tf:
+            for m in tf:
+                end = m.offset_data + -(-m.size // BLOCK) * BLOCK
+                if not m.isfile():
+                    continue
+                base = m.name.rsplit("/", 1)[-1]
+                if "." not in base:
+                    continue
+                stem, ext = base.split(".", 1)
+                key, ext = m.name[: len(m.name) - len(base)] + stem, ext.lower()
+                if not samples or samples[-1][0] != key or ext in samples[-1][1]:
+                    samples.append((key, {}))
+                samples[-1][1][ext] = (m.offset_data, m.size)
+    except (tarfile.TarError, OSError, EOFError) as e:
+        return samples, f"unreadable from byte {end}: {e}"
+    size = path.stat().st_size
+    if size < end:
+        return samples, f"truncated: its last member needs {end} bytes, the file has {size}"
+    with open(path, "rb") as f:
+        f.seek(end)
+        marker = f.read(2 * BLOCK)
+    if marker != bytes(2 * BLOCK):
+        return samples, (f"truncated or corrupt after byte {end}: no end-of-archive marker there"
+                         if len(marker) < 2 * BLOCK else f"corrupt tar header at byte {end}")
+    return samples, None
+
 
 @SOURCES.register("webdataset")
 class WebDatasetSource(Source):
     """Existing WebDataset tar shards, re-sharded. Members are indexed once (headers only) so
-    samples can be read by position; member names are used as keys, never as paths."""
+    samples can be read by position; member names are used as keys, never as paths.
+
+    A damaged shard (truncated, a corrupt header, no end-of-archive marker, zero bytes) fails
+    ``open`` naming the file, unless ``keep_damaged``: then the samples read before the damage
+    are kept and the damage is reported (``damaged()``, the manifest, the summary)."""
     kind = "webdataset"
     detect_order = 30
 
@@ -41,10 +87,10 @@ class WebDatasetSource(Source):
 
     @classmethod
     def open(cls, spec, config, class_names=None) -> "WebDatasetSource":
-        return cls(spec, config.num_classes)
+        return cls(spec, config.num_classes, keep_damaged=config.keep_damaged)
     label_exts = ("cls", "label", "target")
 
-    def __init__(self, spec: str, num_classes: int | None = None):
+    def __init__(self, spec: str, num_classes: int | None = None, keep_damaged: bool = False):
         self.uri = spec
         self._tars: dict[str, list[Path]] = {}
         p = Path(spec)
@@ -59,36 +105,31 @@ class WebDatasetSource(Source):
                     raise SourceError(f"WebDataset shard not found: {t}")
         if not any(self._tars.values()):
             raise SourceError(f"{spec}: no .tar shards found")
-        self._index = {s: self._index_split(tars) for s, tars in self._tars.items()}
+        self._damaged: list[tuple[str, str]] = []
+        self._index = {s: self._index_split(tars, keep_damaged) for s, tars in self._tars.items()}
         self._num_classes = num_classes
 
-    def _index_split(self, tars: list[Path]) -> list[tuple[Path, str, dict[str, tuple[int, int]]]]:
+    def _index_split(self, tars: list[Path], keep_damaged: bool) -> list[tuple[Path, str, dict[str, tuple[int, int]]]]:
         """(tar, key, {ext: (offset, size)}) per sample, from headers alone."""
         out = []
         for t in tars:
-            groups: dict[str, dict[str, tuple[int, int]]] = {}
-            order: list[str] = []
-            try:
-                with tarfile.open(t, "r:") as tf:
-                    for m in tf:
-                        if not m.isfile():
-                            continue
-                        base = m.name.rsplit("/", 1)[-1]
-                        if "." not in base:
-                            continue
-                        stem, ext = base.split(".", 1)
-                        key = m.name[: len(m.name) - len(base)] + stem
-                        if key not in groups:
-                            groups[key] = {}
-                            order.append(key)
-                        groups[key][ext.lower()] = (m.offset_data, m.size)
-            except (tarfile.TarError, OSError, EOFError) as e:
-                # A truncated shard keeps the samples read before the damage.
-                if not order:
-                    raise SourceError(f"{t}: not a readable tar file: {e}") from None
-                self._damaged = getattr(self, "_damaged", []) + [f"{t}: {e}"]
-            out += [(t, k, groups[k]) for k in order]
+            samples, problem = index_tar(t)
+            if problem is not None:
+                if not keep_damaged:
+                    raise SourceError(f"{t}: damaged WebDataset shard ({problem}); {len(samples)} samples "
+                                      "could be read before the damage. Repair or remove it, or set "
+                                      "ingest.keep_damaged=true to shard the readable part (the damage "
+                                      "is then recorded in the manifest)")
+                self._damaged.append((str(t), f"{problem}; kept the {len(samples)} samples before it"))
+            out += [(t, k, members) for k, members in samples]
         return out
+
+    def damaged(self) -> list[tuple[str, str]]:
+        return list(self._damaged)
+
+    def describe(self, split: str, i: int) -> tuple[str, str]:
+        tar, key, _ = self._index[split][i]
+        return sanitize_key(key), f"{tar}:{key}"
 
     def split_sizes(self) -> dict[str, int]:
         return {s: len(v) for s, v in self._index.items()}
