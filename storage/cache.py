@@ -48,6 +48,7 @@ class ArtifactCache:
         self.stats = {"fetched": 0, "fetched_bytes": 0, "hits": 0, "retried": 0, "evicted": 0,
                       "fetch_s": 0.0}
         self._plan: list[FileRecord] = []
+        self._plan_gen = 0  # bumped by each prefetch(): the thread starts the new plan afresh
         self._pos = -1
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -55,7 +56,7 @@ class ArtifactCache:
 
     def __getstate__(self):  # into worker processes: settings only, no thread
         state = dict(self.__dict__)
-        state.update(_cond=None, _thread=None, _plan=[], _pos=-1, _error=None)
+        state.update(_cond=None, _thread=None, _plan=[], _plan_gen=0, _pos=-1, _error=None)
         return state
 
     def __setstate__(self, state):
@@ -177,6 +178,7 @@ class ArtifactCache:
         at most ``ahead`` files past the position given to ``advance``."""
         with self._cond:
             self._plan, self._pos, self._error = list(plan), -1, None
+            self._plan_gen += 1
             self._cond.notify_all()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="sluice-prefetch", daemon=True)
@@ -194,11 +196,11 @@ class ArtifactCache:
 
     def _run(self) -> None:
         done: set[str] = set()
-        plan_id = None
+        gen = -1
         while True:
             with self._cond:
-                if plan_id is not id(self._plan):
-                    plan_id, done = id(self._plan), set()
+                if gen != self._plan_gen:  # a new plan: every file of it is to be fetched again
+                    gen, done = self._plan_gen, set()
                 todo = [(k, r) for k, r in enumerate(self._plan[: self._pos + 1 + self.ahead])
                         if r.path not in done]
                 if not todo:

@@ -173,6 +173,11 @@ def test_cache_limit_evicts_and_prefetches_in_the_order_of_need(remote, fmnist_a
     st = L.artifact.cache.stats
     assert st["evicted"] >= 1 and L.artifact.cache.cached_bytes() <= limit
     assert "cache" in L.profile_report()
+    # the plan done, the prefetch thread waits instead of re-walking it (it once spun forever,
+    # re-fetching what it had, holding the file locks the workers needed)
+    seen = dict(st)
+    time.sleep(1.5)
+    assert L.artifact.cache.stats == seen
 
 
 def test_a_corrupt_object_never_reaches_a_batch(s3, remote, fmnist_artifact, tmp_path):
