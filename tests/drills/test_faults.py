@@ -163,10 +163,12 @@ def _launch(tmp_path: Path, npz: Path, mark, delay: float) -> subprocess.Popen:
 def test_kill_9_of_the_launcher_stops_training_and_a_new_launch_resumes(tmp_path, train_npz):
     from sluice.storage.checkpoint import load_checkpoint
     mark = marker()
-    p = _launch(tmp_path, train_npz, mark, delay=0.03)
+    # 0.1 s a batch: at least 3.5 s of training remain after the first checkpoint (step 5), so
+    # the kill always lands mid-run, however fast the host (0.03 s let a quick host finish first)
+    p = _launch(tmp_path, train_npz, mark, delay=0.1)
     ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
-    wait_until("a checkpoint", ckpt.exists, timeout=180, every=0.2)
-    time.sleep(random.Random(15).uniform(0.5, 2.0))
+    wait_until("a checkpoint", ckpt.exists, timeout=180, every=0.1)
+    time.sleep(random.Random(15).uniform(0.0, 1.0))
     p.kill()  # the flow process dies (OOM killer, node loss): torchrun and its ranks must follow
     p.communicate()
     no_survivors(mark, timeout=30)
