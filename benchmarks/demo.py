@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, table
+from benchmarks.common import table, write_result
 from benchmarks.hostinfo import describe_run, load_average
 
 GOAL_ACC, GOAL_S = 0.92, 180.0
@@ -64,10 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "max s": max(r["wall_s"] for r in runs), "median test acc": acc,
                   "goal met": result["goal"]["met"]}],
                 ["runs", "median s", "min s", "max s", "median test acc", "goal met"]))
-    from sluice.storage.atomic import write_json
-    path = RESULTS / ("demo_quick.json" if args.quick else "demo.json")
-    write_json(path, result)
-    print(f"wrote {path}")
+    print(f"wrote {write_result('demo_quick' if args.quick else 'demo', result)}")
     return result
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import RESULTS, table
+from benchmarks.common import table, write_result
 from benchmarks.hostinfo import describe_run, load_average
 
 
@@ -164,10 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "prefect_startup_seconds": startup, "orchestration_overhead": over["overhead"],
               "orchestration_detail": over, "goal_overhead_at_most_5pct": over["overhead"] <= 0.05,
               "load_average_end": load_average()}
-    from sluice.storage.atomic import write_json
-    path = RESULTS / ("pipeline_quick.json" if args.quick else "pipeline.json")
-    write_json(path, result)
-    print(f"wrote {path}")
+    print(f"wrote {write_result('pipeline_quick' if args.quick else 'pipeline', result)}")
     return result
 
 

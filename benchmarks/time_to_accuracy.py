@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, table
+from benchmarks.common import table, write_result
 from benchmarks.hostinfo import describe_run, load_average
 
 TARGETS = (0.93, 0.94)
@@ -246,11 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "vs baseline": a["ratio_to_baseline_93"], "94% median s": s94["median"],
                      "final acc (median)": a["final_acc_median"]})
     print(table(rows, list(rows[0])))
-    name = "time_to_accuracy_quick.json" if args.quick else "time_to_accuracy.json"
-    from sluice.storage.atomic import write_json
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / name, result)
-    print(f"wrote {RESULTS / name}")
+    print(f"wrote {write_result('time_to_accuracy_quick' if args.quick else 'time_to_accuracy', result)}")
     return result
 
 
