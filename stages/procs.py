@@ -8,6 +8,7 @@ import gc
 import os
 import signal
 import sys
+import time
 from typing import Callable, Iterator
 
 
@@ -74,65 +75,125 @@ class WorkerDied(RuntimeError):
     the out-of-memory killer, or ``os._exit``): its task can never complete."""
 
 
-# The context a forked pool worker received from its initializer (see ``map_forked``); set only
-# inside pool workers, never in the parent.
-_WORKER_CONTEXT: list = []
+class _RemoteTraceback(Exception):
+    """A worker's traceback, chained under the exception it raised (as concurrent.futures does)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
-def _init_worker(parent_pid: int, context) -> None:
+def _serve(parent_pid: int, fn, context, conn) -> None:
+    """A forked worker: run ``fn(context, task)`` for each ``(index, task)`` its pipe brings
+    until it brings None; answer ``(index, ok, result or (exception, traceback))``."""
+    import pickle
+    import traceback
     forget_parent_threads()
     default_sigterm()
     die_with_parent(parent_pid)
-    _WORKER_CONTEXT[:] = [context]
-
-
-def _call_in_worker(fn, task):
-    return fn(_WORKER_CONTEXT[0], task)
+    while (msg := conn.recv()) is not None:
+        index, task = msg
+        try:
+            answer = (index, True, fn(context, task))
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
+            tb = "".join(traceback.format_exception(e))
+            try:
+                pickle.loads(pickle.dumps(e))
+            except Exception:  # noqa: BLE001 - an exception that cannot travel goes as text
+                e = RuntimeError(f"{type(e).__name__}: {e}")
+            answer = (index, False, (e, tb))
+        conn.send(answer)
 
 
 def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
-    """``fn(context, task)`` for each task, in order: inline for one worker, else in a pool of
-    forked processes that inherit ``context`` (an open source, say) instead of pickling it per
-    task. ``fn`` must be importable by name (a module-level function).
+    """``fn(context, task)`` for each task, results in task order: inline for one worker, else
+    in forked processes that inherit ``fn`` and ``context`` (an open source, say) instead of
+    pickling them per task; a worker's exception is raised here with its traceback chained.
 
-    Workers die with this process (``die_with_parent``). A worker that dies mid-task raises
-    ``WorkerDied`` here instead of leaving the caller waiting for a result that cannot come; on
-    any exception (Ctrl-C included) the remaining workers are killed before it propagates.
+    Each worker has a pipe of its own, so a worker killed mid-answer leaves a pipe that reads as
+    closed, never a half-message in a shared queue that blocks its reader forever (CPython's
+    ProcessPoolExecutor can hang that way). A worker that dies raises ``WorkerDied``; workers die
+    with this process (``die_with_parent``); on any exception (Ctrl-C included) or an abandoned
+    generator the workers are killed before it propagates.
     """
-    import functools
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import wait
     if workers <= 1 or len(tasks) <= 1:
         for t in tasks:
             yield fn(context, t)
         return
-    before = set(mp.active_children())
-    with fork_safe():
-        ex = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=mp.get_context("fork"),
-                                 initializer=_init_worker, initargs=(os.getpid(), context))
-        # With fork, every worker starts at the first submit, here in the caller's thread.
-        results = ex.map(functools.partial(_call_in_worker, fn), tasks)
-    pool = [p for p in mp.active_children() if p not in before]
-    done = False
+    ctx = mp.get_context("fork")
+    procs: list = []
+    conns: list = []
+
+    def died(conn) -> WorkerDied:
+        return WorkerDied(f"a worker process died before finishing its task "
+                          f"({_death(procs[conns.index(conn)])}); "
+                          "killed by the out-of-memory killer or a signal?")
+
+    todo = iter(enumerate(tasks))
+    busy: dict = {}  # connection -> index of the task it is working on
+
+    def hand_out(conn) -> None:
+        item = next(todo, None)
+        if item is not None:
+            try:
+                conn.send(item)
+            except OSError:
+                raise died(conn) from None
+            busy[conn] = item[0]
+
     try:
-        for r in results:
-            yield r
-        done = True
-    except BrokenProcessPool:
-        codes = ", ".join(describe_exit(p.exitcode) for p in pool if p.exitcode not in (None, 0))
-        raise WorkerDied(f"a worker process died before finishing its task ({codes or 'no exit code'}); "
-                         "killed by the out-of-memory killer or a signal?") from None
-    finally:
-        if done:
-            ex.shutdown(wait=True)
-        else:  # an error, Ctrl-C or an abandoned generator: stop the rest at once
-            ex.shutdown(wait=False, cancel_futures=True)
-            for p in pool:
-                with contextlib.suppress(OSError, ValueError):
-                    p.kill()
-            for p in pool:
-                p.join(5)
+        with fork_safe():
+            for _ in range(min(workers, len(tasks))):
+                mine, theirs = ctx.Pipe()
+                p = ctx.Process(target=_serve, args=(os.getpid(), fn, context, theirs), daemon=True)
+                p.start()
+                theirs.close()
+                procs.append(p)
+                conns.append(mine)
+        for c in conns:
+            hand_out(c)
+        done: dict[int, object] = {}
+        nxt = 0
+        while nxt < len(tasks):
+            for c in wait(list(busy)):
+                try:
+                    index, ok, value = c.recv()
+                except (EOFError, OSError):
+                    raise died(c) from None
+                del busy[c]
+                if not ok:
+                    exc, tb = value
+                    exc.__cause__ = _RemoteTraceback(f'\n"""\n{tb}"""')
+                    raise exc
+                done[index] = value
+                hand_out(c)
+            while nxt in done:
+                yield done.pop(nxt)
+                nxt += 1
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.send(None)
+        for p in procs:
+            p.join()
+        procs = []
+    finally:  # an error, Ctrl-C or an abandoned generator: stop the rest at once
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                p.kill()
+        for p in procs:
+            p.join(5)
+        for c in conns:
+            c.close()
+
+
+def _death(proc, timeout: float = 5.0) -> str:
+    """How a worker ended: its pipe closes a moment before the kernel reports its status."""
+    deadline = time.monotonic() + timeout
+    while proc.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    code = proc.exitcode
+    return describe_exit(code) if code is not None else "no exit code"
 
 
 def describe_exit(code: int) -> str:
