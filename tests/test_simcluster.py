@@ -67,8 +67,10 @@ def test_nodes_talk_over_a_shaped_link_and_leave_nothing_behind():
 
 
 def test_ctrl_c_tears_the_cluster_down():
+    # started as a background job of a script would be: with SIGINT ignored
     p = subprocess.Popen([sys.executable, "-m", "deploy.simcluster", "up", "--nodes", "2", "--rate", "1gbit"],
-                         cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     first = p.stdout.readline()
     cid = first.split()[1].rstrip(":")
     while "up;" not in p.stdout.readline():

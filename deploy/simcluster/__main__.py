@@ -1,6 +1,6 @@
 """``python -m deploy.simcluster``: build a simulated cluster and keep it while you work.
 
-    python -m deploy.simcluster up --nodes 2 --rate 100mbit [--delay 0.2ms]   # Ctrl-C tears it down
+    python -m deploy.simcluster up --nodes 2 --rate 100mbit [--delay 0.2ms]   # Ctrl-C or SIGTERM tears it down
     python -m deploy.simcluster exec 0 -- python -c 'import socket; print(socket.gethostname())'
     python -m deploy.simcluster list
     python -m deploy.simcluster clean       # remove clusters whose owner is gone
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -83,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
                                                        "SIM_ADDRS": addrs})
                      for n in c.nodes]
             return max(p.wait() for p in procs)
-        print(f"up; run commands with `python -m deploy.simcluster exec N -- CMD`; Ctrl-C tears it down "
-              f"({PREFIX}{c.cid}-*)", flush=True)
+        # Ctrl-C or SIGTERM tears it down, even where the shell that started us ignores SIGINT
+        # (a background job of a non-interactive shell inherits SIGINT ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        print(f"up; run commands with `python -m deploy.simcluster exec N -- CMD`; Ctrl-C or SIGTERM "
+              f"tears it down ({PREFIX}{c.cid}-*)", flush=True)
         try:
             while True:
                 time.sleep(3600)
