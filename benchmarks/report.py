@@ -45,7 +45,11 @@ def provenance(d: dict[str, Any], name: str) -> str:
     host = d.get("host") or {}
     parts = [f"`benchmarks/results/{name}`"]
     parts.append(f"`{d['command']}`" if d.get("command") else "command not recorded")
-    parts.append(f"commit `{d['commit'][:12]}`" if d.get("commit") else "commit not recorded")
+    if d.get("commit"):  # keep a '+dirty' mark: the tree had uncommitted changes
+        sha, _, mark = d["commit"].partition("+")
+        parts.append(f"commit `{sha[:12]}{'+' + mark if mark else ''}`")
+    else:
+        parts.append("commit not recorded")
     if host:
         flags = ", ".join(host.get("flags", [])) or "no AVX512/AMX"
         parts.append(f"{host.get('model', '?')} ({flags}), {host.get('cores', '?')} cores")
