@@ -161,15 +161,17 @@ class ArtifactCache:
     def _lock(self, name: str) -> Iterator[None]:
         d = self.dir / ".locks"
         d.mkdir(parents=True, exist_ok=True)
-        fd = os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        _HELD.add(fd)
+        with _HELD_GUARD:  # no fork between opening the lock file and recording it
+            fd = os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            _HELD.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            if fd in _HELD:  # (not when a fork from inside this block closed the child's copy)
-                _HELD.discard(fd)
-                os.close(fd)  # closing the last copy releases the lock
+            with _HELD_GUARD:
+                if fd in _HELD:  # (not when a fork from inside this block closed the child's copy)
+                    _HELD.discard(fd)
+                    os.close(fd)  # closing the last copy releases the lock
 
 
     # ------------------------------------------------------------------ ahead of need
@@ -217,8 +219,11 @@ class ArtifactCache:
 
 # Lock files open in this process. An flock belongs to the open file, which a fork shares: a
 # DataLoader worker forked while the prefetch thread holds a lock would keep it held after the
-# parent lets go, and then wait on it forever itself. Children close their inherited copies.
+# parent lets go, and then wait on it forever itself. Children close their inherited copies;
+# _HELD_GUARD keeps a fork from falling between an open (or close) and its record in _HELD,
+# where the child would inherit a lock file it does not know of (a hang seen on a clean clone).
 _HELD: set[int] = set()
+_HELD_GUARD = threading.Lock()
 
 
 def _close_inherited_locks() -> None:
@@ -226,6 +231,8 @@ def _close_inherited_locks() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
+    _HELD_GUARD.release()  # taken by the forking thread before the fork
 
 
-os.register_at_fork(after_in_child=_close_inherited_locks)
+os.register_at_fork(before=_HELD_GUARD.acquire, after_in_parent=_HELD_GUARD.release,
+                    after_in_child=_close_inherited_locks)

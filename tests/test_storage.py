@@ -103,3 +103,38 @@ def test_shard_to_fsspec_url():
     art = open_artifact("memory://sluice-test/ds")
     art.verify(deep=True)
     assert len(art.labels("train")) == art.manifest.splits["train"].count == 80
+
+
+def test_a_fork_never_inherits_a_cache_lock_it_cannot_see(tmp_path):
+    """A DataLoader worker forked while the prefetch thread opens or closes a cache lock file must
+    not keep that lock held: before the fix, a fork right after the thread's ``os.open`` left the
+    child holding the parent's lock and waiting on it forever (a clean-clone hang)."""
+    import os
+    import signal
+    import threading
+
+    from sluice.storage.cache import ArtifactCache
+    cache = ArtifactCache("s3://bucket/unused", "0" * 16, tmp_path / "c")
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            with cache._lock("shared"):
+                pass
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    stuck = 0
+    try:
+        for _ in range(60):
+            pid = os.fork()
+            if pid == 0:  # the child: take the lock, or be stopped by the alarm
+                signal.alarm(5)
+                with cache._lock("shared"):
+                    pass
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            stuck += os.waitstatus_to_exitcode(status) != 0
+    finally:
+        stop.set()
+        t.join(5)
+    assert stuck == 0, f"{stuck} of 60 forked children waited forever on an inherited lock"
