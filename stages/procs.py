@@ -8,7 +8,6 @@ import gc
 import os
 import signal
 import sys
-import time
 from typing import Callable, Iterator
 
 
@@ -131,7 +130,7 @@ def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
                           "killed by the out-of-memory killer or a signal?")
 
     todo = iter(enumerate(tasks))
-    busy: dict = {}  # connection -> index of the task it is working on
+    busy: set = set()  # connections whose worker has a task
 
     def hand_out(conn) -> None:
         item = next(todo, None)
@@ -140,7 +139,7 @@ def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
                 conn.send(item)
             except OSError:
                 raise died(conn) from None
-            busy[conn] = item[0]
+            busy.add(conn)
 
     try:
         with fork_safe():
@@ -161,7 +160,7 @@ def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
                     index, ok, value = c.recv()
                 except (EOFError, OSError):
                     raise died(c) from None
-                del busy[c]
+                busy.discard(c)
                 if not ok:
                     exc, tb = value
                     exc.__cause__ = _RemoteTraceback(f'\n"""\n{tb}"""')
@@ -189,9 +188,7 @@ def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
 
 def _death(proc, timeout: float = 5.0) -> str:
     """How a worker ended: its pipe closes a moment before the kernel reports its status."""
-    deadline = time.monotonic() + timeout
-    while proc.exitcode is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    proc.join(timeout)
     code = proc.exitcode
     return describe_exit(code) if code is not None else "no exit code"
 
