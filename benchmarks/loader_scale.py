@@ -4,8 +4,11 @@ Data: JPEG crops of scikit-learn's two photos (``benchmarks.photo_crops.make_pho
 at 96..256 px, variable sizes), sharded by our own stage at 256×256 (tar shards, FFCV ``.beton``
 and DALI indices). Full: 3.3 GB of JPEGs (~216,000 samples); ``--quick``: 0.16 GB (~11,000).
 
-Each run is one epoch of one (backend, sampler) arm in a fresh child process (batch 256, two
-decode workers, RRC to 128 + flip + normalise, float32 NCHW out) placed in cgroups, under one of:
+Each run reads one (backend, sampler) arm in a fresh child process (batch 256, two decode workers,
+RRC to 128 + flip + normalise, float32 NCHW out) placed in cgroups; the clock starts after
+``WARMUP`` batches (worker start, FFCV's JIT) and runs for ``FULL_BATCHES`` batches (25,600 samples
+drawn from the whole dataset: a whole 216,000-sample epoch takes ~10 min an arm here, so 3 repeats
+of every arm would take hours), under one of:
 
 * ``throttled``: a memory cgroup limit (full: a third of the JPEG bytes; quick: see below) and a
   blkio read throttle (``--throttle-mbps``, 200 MB/s) on the device holding the data; the
@@ -19,15 +22,15 @@ The **storage-bound limit** of an arm is the throttle ÷ the mean bytes per samp
 tar shards for webdataset and DALI, the ``.beton`` for FFCV). Goal (fixed before the run): the
 best throttled arm's median ≥ 0.8 × min(storage-bound, decode-bound limit), and no run is killed
 by the OOM killer or exceeds the limit (the cgroup's peak usage is recorded). ``memory`` runs only
-where the decoded split fits (``cached``: no limit); under the limit ``auto``'s choice and reason
-are recorded instead.
+where the decoded split fits the host (``cached``: no limit; not the full dataset, 42 GB decoded);
+under the limit ``auto``'s choice and reason are recorded instead. The full run takes the
+``throttled`` and ``cached`` conditions (``--conditions`` adds ``cold``).
 
 Quick mode's memory limit (640 MiB) is below a third of the *decoded* split (2.2 GB, what the
 ``memory`` backend would need) but above its JPEG bytes: a Python process with torch, FFCV and
 DALI loaded needs ~400 MB, so no smaller limit is meaningful for a 0.16 GB dataset. Quick mode
-also runs only the ``throttled`` and ``cached`` conditions, without ffcv/shard_block, and times
-the first 12 batches of each epoch (the cache is dropped first, so the throttle still governs):
-a check that everything runs, written to ``loader_scale_quick.json``, not the measurement.
+runs without ffcv/shard_block and times 12 batches: a check that everything runs, written to
+``loader_scale_quick.json``, not the measurement.
 
 Arms run interleaved (round-robin over arms within each repeat), ``--repeats`` (3) times; the
 table reports the median and min-max. Needs root and cgroup v1 (memory, blkio); hold the shared
@@ -56,6 +59,8 @@ ARMS = [("ffcv", "shuffle"), ("ffcv", "shard_block"), ("webdataset", "shuffle"),
         ("webdataset", "shard_block"), ("dali", "shuffle")]
 CONDITIONS = ("throttled", "cold", "cached")
 QUICK_BATCHES = 12
+FULL_BATCHES = 100
+WARMUP = 2  # batches read before the clock starts
 MEMCG = Path("/sys/fs/cgroup/memory")
 BLKCG = Path("/sys/fs/cgroup/blkio")
 
@@ -90,7 +95,7 @@ import json, sys, time
 from sluice.stages.load import AugmentSpec, Loader, SamplerConfig
 from sluice.stages.load.augment import Normalize, Flip, RandomResizedCrop
 from sluice.stages.load.loader import resolve_backend
-root, backend, sampler, seed, most = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+root, backend, sampler, seed, most, warmup = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
 out = {}
 if backend != "memory":
     L0 = Loader(root, workers=2, verify="none")
@@ -103,8 +108,11 @@ L.backend()
 t, n = time.perf_counter(), 0
 for b, (x, y, i) in enumerate(L):
     assert x.shape[1:] == (3, 128, 128), x.shape
-    n += len(y)
-    if b + 1 == most:
+    if b + 1 == warmup:
+        t = time.perf_counter()
+    elif b >= warmup:
+        n += len(y)
+    if b + 1 == warmup + most:
         break
 wall = time.perf_counter() - t
 out.update(samples=n, wall_s=wall, samples_per_s=n / wall, profile=L.profile(), verdict=L.bottleneck()["verdict"])
@@ -177,8 +185,8 @@ def run_one(root: str, backend: str, sampler: str, cond: str, limit: int, thrott
             (blk / "blkio.throttle.read_bps_device").write_text(f"{_device_of(root)} {throttle}")
         (drop_cache if cond != "cached" else warm_cache)(root)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        cmd = ["sh", "-c", f'echo $$ > {mem}/cgroup.procs && echo $$ > {blk}/cgroup.procs && exec "$0" -c "$1" "$2" "$3" "$4" "$5" "$6"',
-               sys.executable, CHILD, root, backend, sampler, str(seed), str(max_batches)]
+        cmd = ["sh", "-c", f'echo $$ > {mem}/cgroup.procs && echo $$ > {blk}/cgroup.procs && exec "$0" -c "$1" "$2" "$3" "$4" "$5" "$6" "$7"',
+               sys.executable, CHILD, root, backend, sampler, str(seed), str(max_batches), str(WARMUP)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
         oom = dict(line.split() for line in (mem / "memory.oom_control").read_text().splitlines())
         row = {"backend": backend, "sampler": sampler, "condition": cond, "seed": seed, "rc": r.returncode,
@@ -259,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--throttle-mbps", type=float, default=200)
+    ap.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=["throttled", "cached"])
     ap.add_argument("--prepare-only", action="store_true", help="make the dataset, then stop")
     ap.add_argument("--smoke", action="store_true", help="a few batches per arm, one repeat, no results file")
     a = ap.parse_args(argv)
@@ -269,6 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
     root = large_artifact(mode)
     if a.prepare_only:
         return {}
+    from sluice.stages.load.budget import memory_budget
     from sluice.storage.artifact import open_artifact
     m = open_artifact(root).manifest
     n = m.splits["train"].count
@@ -277,12 +287,10 @@ def main(argv: list[str] | None = None) -> dict:
     bps = bytes_per_sample(root)
     print(f"dataset {root}: {n} samples, {jpeg_bytes / 1e9:.2f} GB of tar shards, decoded "
           f"{n * SIDE * SIDE * 3 / 1e9:.2f} GB; memory limit {limit / 2**20:.0f} MiB, throttle {a.throttle_mbps:g} MB/s")
-    if a.quick:  # fewer arms and a partial epoch (QUICK_BATCHES): a check, not the measurement
-        arms = [(b, s, c) for c in ("throttled", "cached") for b, s in ARMS if (b, s) != ("ffcv", "shard_block")]
-    else:
-        arms = [(b, s, c) for c in CONDITIONS for b, s in ARMS]
-    arms.append(("memory", "shuffle", "cached"))
-    most = 3 if a.smoke else QUICK_BATCHES if a.quick else 0
+    arms = [(b, s, c) for c in a.conditions for b, s in ARMS if not a.quick or (b, s) != ("ffcv", "shard_block")]
+    if n * SIDE * SIDE * 3 < memory_budget().host_available / 2:  # the decoded split fits the host
+        arms.append(("memory", "shuffle", "cached"))
+    most = 3 if a.smoke else QUICK_BATCHES if a.quick else FULL_BATCHES
     rows = []
     for rep in range(1 if a.smoke else a.repeats):
         for b, s, c in arms:
@@ -301,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(trows, ["arm", "samples/s", "min", "max", "storage limit", "peak MiB", "oom", "verdict"]))
     print(f"decode-bound limit (best cached arm): {s['decode_bound_limit']}")
     print(f"goal: {s['goal']}\nmemory goal met: {s['memory_goal_met']}")
-    payload = {**prov, "mode": mode, "batches_per_run": most or None, "seeds": list(range(a.repeats)), "dataset": {
+    payload = {**prov, "mode": mode, "batches_per_run": most, "warmup_batches": WARMUP, "seeds": list(range(a.repeats)), "dataset": {
         "root": root, "samples": n, "tar_bytes": jpeg_bytes, "decoded_bytes": n * SIDE * SIDE * 3,
         "bytes_per_sample": bps}, "memory_limit_bytes": limit, "throttle_bytes_per_s": throttle,
         "auto_under_limit": next((r.get("auto") for r in rows if r.get("auto") and r["condition"] != "cached"), None),

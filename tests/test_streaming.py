@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sluice.errors import LoaderError
-from sluice.stages.load import Loader, SamplerConfig
+from sluice.stages.load import Loader, LoaderConfig, SamplerConfig
+from sluice.stages.load.backends import LOADER_BACKENDS
 from sluice.stages.load.budget import cgroup_limit, memory_budget
 from sluice.stages.load.loader import bottleneck, resolve_backend
 from sluice.stages.load.samplers import ShardBlockSampler, build_sampler
@@ -58,12 +59,20 @@ def test_no_cgroup_limit_means_the_host_decides(tmp_path):
 def test_auto_explains_its_choice(fmnist_artifact):
     art = open_artifact(fmnist_artifact.root)
     need = art.manifest.splits["train"].count * 28 * 28
-    name, why = resolve_backend("auto", art, "train", need)
+    cfg = LoaderConfig(batch_size=16, prefetch=1)  # batches in flight well below the split's size
+    name, why = resolve_backend(art, cfg.model_copy(update={"memory_budget_bytes": need}))
     assert name == "memory" and "within" in why
-    name, why = resolve_backend("auto", art, "train", need - 1)
+    name, why = resolve_backend(art, cfg.model_copy(update={"memory_budget_bytes": need - 1}))
     assert name == "ffcv" and "more than the loader.memory_budget_bytes" in why
-    L = Loader(art, memory_budget_bytes=need - 1, workers=1)
+    L = Loader(art, cfg, memory_budget_bytes=need - 1, workers=1)
     assert L.backend_name == "ffcv"
+    # a streaming backend's own buffers count too: FFCV decodes whole batches ahead
+    ffcv, wds = (LOADER_BACKENDS.get(b).working_bytes(art, "train", cfg) for b in ("ffcv", "webdataset"))
+    assert wds < ffcv < need
+    name, why = resolve_backend(art, cfg.model_copy(update={"memory_budget_bytes": ffcv - 1}))
+    assert name == "webdataset" and "ffcv needs" in why and "within it" in why
+    name, why = resolve_backend(art, cfg.model_copy(update={"memory_budget_bytes": 1}))
+    assert name == "webdataset" and "every backend needs more" in why
     with pytest.raises(LoaderError, match="more than the"):
         Loader(art, backend="memory", memory_budget_bytes=need - 1, workers=1).backend()
 

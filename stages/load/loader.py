@@ -35,25 +35,41 @@ from sluice.stages.load.samplers import build_sampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
 
 
-def resolve_backend(name: str, artifact: DatasetArtifact, split: str, budget: int | None) -> tuple[str, str]:
-    """The backend to use and why: ``auto`` takes ``memory`` when the decoded split fits the
-    loader's memory budget (``stages/load/budget.py``, or ``budget`` when set), else streams."""
-    if name != "auto":
-        return name, f"{name}, as configured"
-    rec = artifact.manifest.split(split)
-    stream = "ffcv" if rec.ffcv else "webdataset"
-    shape = artifact.manifest.fields.image.shape
-    if shape is None:
+WHAT_IT_HOLDS = {"memory": "the decoded split", "ffcv": "its decode buffers and the batches in flight"}
+
+
+def resolve_backend(artifact: DatasetArtifact, config: LoaderConfig) -> tuple[str, str]:
+    """The backend to use and why. ``auto`` takes the first of ``memory``, ``ffcv`` (where the split
+    has a ``.beton``) and ``webdataset`` whose working memory (``Backend.working_bytes``: the decoded
+    split for memory, the buffers in flight for a streaming backend) fits the loader's memory budget
+    (``stages/load/budget.py``, or ``memory_budget_bytes``); where none fits, the smallest."""
+    if config.backend != "auto":
+        return config.backend, f"{config.backend}, as configured"
+    rec = artifact.manifest.split(config.split)
+    candidates = ["memory", *(["ffcv"] if rec.ffcv else []), "webdataset"]
+    if artifact.manifest.fields.image.shape is None:
+        stream = candidates[1]
         return stream, f"auto → {stream}: the images have variable sizes (memory needs one shape)"
-    need = rec.count * int(np.prod(shape))
-    if budget is not None:
-        why = f"loader.memory_budget_bytes {budget / 1e9:.2f} GB"
+    if config.memory_budget_bytes is not None:
+        budget, why = config.memory_budget_bytes, f"loader.memory_budget_bytes {config.memory_budget_bytes / 1e9:.2f} GB"
     else:
         b = memory_budget()
         budget, why = b.bytes, b.explain()
-    if need <= budget:
-        return MemoryBackend.name, f"auto → memory: the split decodes to {need / 1e9:.2f} GB, within the {why}"
-    return stream, f"auto → {stream}: the split decodes to {need / 1e9:.2f} GB, more than the {why}"
+    needs = {c: LOADER_BACKENDS.get(c).working_bytes(artifact, config.split, config) for c in candidates}
+
+    def holds(c: str) -> str:
+        return f"{c} needs {needs[c] / 1e9:.2f} GB ({WHAT_IT_HOLDS.get(c, 'the batches in flight')})"
+    fits = [c for c in candidates if needs[c] <= budget]
+    if not fits:
+        pick = min(candidates, key=needs.__getitem__)
+        return pick, (f"auto → {pick}: every backend needs more than the {why} "
+                      f"({', '.join(holds(c) for c in candidates)}); {pick} needs least")
+    pick = fits[0]
+    passed = candidates[:candidates.index(pick)]
+    if not passed:
+        return pick, f"auto → {pick}: {holds(pick)}, within the {why}"
+    return pick, (f"auto → {pick}: {', '.join(holds(c) for c in passed)}: more than the {why}; "
+                  f"{holds(pick)}, within it")
 
 
 class Loader:
@@ -97,8 +113,7 @@ class Loader:
         self.cursor = EpochCursor(self._order_for, len(self.sampler), rank=rank, world=world_size,
                                   batch=cfg.batch_size, drop_last=cfg.drop_last,
                                   mode=cfg.sampler.partition)
-        self.backend_name, self.backend_reason = resolve_backend(cfg.backend, self.artifact, cfg.split,
-                                                                 cfg.memory_budget_bytes)
+        self.backend_name, self.backend_reason = resolve_backend(self.artifact, cfg)
         self._backend: Backend | None = None
         # On CPU batches a leading RRC(+flip) runs in OpenCV over `workers` threads (same draws as
         # the torch path); CUDA batches take the torch path on the device.

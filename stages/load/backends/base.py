@@ -35,6 +35,12 @@ def batch_slices(n: int, batch_size: int, drop_last: bool, start_batch: int) -> 
     return [(lo, min(lo + batch_size, stop)) for lo in range(start_batch * batch_size, stop, batch_size)]
 
 
+def decoded_sample_bytes(artifact: DatasetArtifact) -> int | None:
+    """Bytes of one decoded uint8 image at the artifact's fixed shape (None: variable sizes)."""
+    shape = artifact.manifest.fields.image.shape
+    return None if shape is None else int(np.prod(shape))
+
+
 class Backend:
     """Reads one split of an artifact in any order. Subclasses set ``name`` and implement
     ``open`` and ``epoch``."""
@@ -48,6 +54,15 @@ class Backend:
     def open(cls, artifact: DatasetArtifact, split: str, config: "LoaderConfig",
              device: torch.device, workers: int) -> "Backend":
         raise NotImplementedError
+
+    @classmethod
+    def working_bytes(cls, artifact: DatasetArtifact, split: str, config: "LoaderConfig") -> int | None:
+        """The memory this backend holds at ``config`` beyond the process itself: the decoded batches
+        in flight (the loader's ``prefetch`` queue, the one being built and the caller's), or None
+        where the images have no fixed shape. ``auto`` weighs it against the loader's memory budget,
+        so a streaming backend is not chosen where its own buffers do not fit."""
+        sample = decoded_sample_bytes(artifact)
+        return None if sample is None else (config.prefetch + 2) * config.batch_size * sample
 
     def epoch(self, order: np.ndarray, batch_size: int, drop_last: bool, start_batch: int = 0, *,
               resolution: int | None = None, epoch: int = 0) -> Iterator[Any]:

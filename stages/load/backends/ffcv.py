@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from sluice.errors import LoaderError, require
-from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices
+from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
+                                              decoded_sample_bytes)
 from sluice.stages.load.readahead import Readahead
 from sluice.storage.artifact import DatasetArtifact
 
@@ -21,10 +22,19 @@ class FfcvBackend(Backend):
     """FFCV's reader and JIT-compiled decoders, fed our order directly (an EpochIterator per
     epoch), so no length is fixed from the first epoch and any order or resume point works."""
     name = "ffcv"
+    batches_ahead = 2  # FFCV decodes this many batches ahead, into batches_ahead + 2 buffers
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "FfcvBackend":
         return cls(artifact, split, max(1, workers), config.batch_size)
+
+    @classmethod
+    def working_bytes(cls, artifact, split, config) -> int | None:
+        """The loader's batches in flight plus FFCV's own decode buffers: ``batches_ahead + 2``
+        whole batches at the stored resolution, allocated up front (with 256×256 RGB images and
+        batch 256, 200 MB)."""
+        base, sample = super().working_bytes(artifact, split, config), decoded_sample_bytes(artifact)
+        return None if base is None or sample is None else base + (cls.batches_ahead + 2) * config.batch_size * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, batch_size: int):
         threads = torch.get_num_threads()
@@ -43,7 +53,7 @@ class FfcvBackend(Backend):
         image = NDArrayDecoder() if artifact.manifest.fields.image.ffcv_field == "ndarray" else SimpleRGBImageDecoder()
         self.workers, self.batch_size = workers, batch_size
         self.loader = Loader(self.path, batch_size=batch_size, num_workers=workers, order=OrderOption.SEQUENTIAL,
-                             drop_last=False, batches_ahead=2,
+                             drop_last=False, batches_ahead=self.batches_ahead,
                              pipelines={"image": [image], "label": [IntDecoder()], "index": [IntDecoder()], "key": None})
         self.timings = Timings()
         table = np.sort(self.loader.reader.alloc_table, order="sample_id")

@@ -7,7 +7,8 @@ from typing import Iterator
 import numpy as np
 
 from sluice.errors import LoaderError
-from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices
+from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
+                                              decoded_sample_bytes)
 from sluice.stages.load.budget import memory_budget
 from sluice.stages.load.decode import pixels
 from sluice.stages.load.sample_index import SampleIndex
@@ -22,6 +23,12 @@ class MemoryBackend(Backend):
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "MemoryBackend":
         return cls(artifact, split, workers, config.memory_budget_bytes)
+
+    @classmethod
+    def working_bytes(cls, artifact, split, config) -> int | None:
+        """The whole split, decoded."""
+        sample = decoded_sample_bytes(artifact)
+        return None if sample is None else artifact.manifest.split(split).count * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, max_bytes: int | None = None):
         self.labels = artifact.labels(split)

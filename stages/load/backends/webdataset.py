@@ -3,6 +3,7 @@ DataLoader workers, in exactly the sampler's order; or, as an explicit ``streami
 WebDataset streaming with shard shuffle."""
 from __future__ import annotations
 
+import os
 import time
 from typing import Iterator
 
@@ -10,7 +11,8 @@ import numpy as np
 import torch
 
 from sluice.errors import require
-from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices
+from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
+                                              decoded_sample_bytes)
 from sluice.stages.load.decode import opencv, pixels
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.stages.procs import fork_safe
@@ -37,10 +39,19 @@ class WebDatasetBackend(Backend):
     shuffled, a shuffle buffer, no exact order and resume only at epoch boundaries."""
     name = "webdataset"
     reads_shards = True
+    batches_per_worker = 2  # DataLoader's prefetch_factor: decoded batches each worker keeps ready
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "WebDatasetBackend":
         return cls(artifact, split, workers, config.streaming, config.shuffle_buffer, config.seed)
+
+    @classmethod
+    def working_bytes(cls, artifact, split, config) -> int | None:
+        """The batches the DataLoader workers keep ready, plus the one being augmented and the
+        caller's (a backend that forks its workers runs without the loader's prefetch thread)."""
+        sample = decoded_sample_bytes(artifact)
+        workers = config.workers if config.workers is not None else (os.cpu_count() or 1)
+        return None if sample is None else (workers * cls.batches_per_worker + 2) * config.batch_size * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, streaming: bool = False,
                  shuffle_buffer: int = 1000, seed: int = 0):
@@ -62,7 +73,7 @@ class WebDatasetBackend(Backend):
         batches = [order[lo:hi] for lo, hi in spans]
         dl = torch.utils.data.DataLoader(_IndexedTarDataset(self.si, self.labels), batch_size=None,
                                          sampler=batches, num_workers=self.workers,
-                                         prefetch_factor=4 if self.workers else None,
+                                         prefetch_factor=self.batches_per_worker if self.workers else None,
                                          persistent_workers=False)
         with fork_safe():  # DataLoader forks its workers when the iterator starts
             it = iter(dl)
