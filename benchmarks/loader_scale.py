@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,7 @@ SHARD_BYTES = 32_000_000
 ARMS = [("ffcv", "shuffle"), ("ffcv", "shard_block"), ("webdataset", "shuffle"),
         ("webdataset", "shard_block"), ("dali", "shuffle")]
 CONDITIONS = ("throttled", "cold", "cached")
+RUN_TIMEOUT_S = 150  # a run still going then is cut short; its pace so far is recorded
 QUICK_BATCHES = 12
 FULL_BATCHES = 100
 WARMUP = 2  # batches read before the clock starts
@@ -112,6 +114,7 @@ for b, (x, y, i) in enumerate(L):
         t = time.perf_counter()
     elif b >= warmup:
         n += len(y)
+        print(f"PROGRESS {n} {time.perf_counter() - t}", flush=True)
     if b + 1 == warmup + most:
         break
 wall = time.perf_counter() - t
@@ -187,20 +190,33 @@ def run_one(root: str, backend: str, sampler: str, cond: str, limit: int, thrott
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         cmd = ["sh", "-c", f'echo $$ > {mem}/cgroup.procs && echo $$ > {blk}/cgroup.procs && exec "$0" -c "$1" "$2" "$3" "$4" "$5" "$6" "$7"',
                sys.executable, CHILD, root, backend, sampler, str(seed), str(max_batches), str(WARMUP)]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+            rc, stdout, stderr = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:  # the child is killed; keep its pace so far
+            rc, stdout, stderr = None, _text(e.stdout), _text(e.stderr)
         oom = dict(line.split() for line in (mem / "memory.oom_control").read_text().splitlines())
-        row = {"backend": backend, "sampler": sampler, "condition": cond, "seed": seed, "rc": r.returncode,
+        row = {"backend": backend, "sampler": sampler, "condition": cond, "seed": seed, "rc": rc,
                "peak_bytes": int((mem / "memory.max_usage_in_bytes").read_text()),
                "oom_kills": int(oom.get("oom_kill", 0)),
                "read_bytes": _blk_read(blk)}
-        if r.returncode == 0 and "RESULT " in r.stdout:
-            row.update(json.loads(r.stdout.split("RESULT ", 1)[1]))
+        if rc == 0 and "RESULT " in stdout:
+            row.update(json.loads(stdout.split("RESULT ", 1)[1]))
+        elif rc is None:
+            done = [line.split() for line in stdout.splitlines() if line.startswith("PROGRESS ")]
+            n, secs = (int(done[-1][1]), float(done[-1][2])) if done else (0, float(RUN_TIMEOUT_S))
+            row.update(timed_out=True, samples=n, samples_per_s_partial=n / secs if secs else 0.0,
+                       error=f"cut short after {RUN_TIMEOUT_S} s with {n} of {max_batches * 256} samples timed")
         else:
-            row["error"] = r.stderr[-1500:]
+            row["error"] = stderr[-1500:]
         return row
     finally:
         remove_cgroup(mem)
         remove_cgroup(blk)
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def _blk_read(blk: Path) -> int:
@@ -229,10 +245,13 @@ def summarise(rows: list[dict], bps: dict, throttle: int, limit: int) -> dict:
     for r in rows:
         key = f"{r['backend']}/{r['sampler']}/{r['condition']}"
         a = arms.setdefault(key, {"backend": r["backend"], "sampler": r["sampler"], "condition": r["condition"],
-                                  "sps": [], "peak": [], "oom": 0, "failed": 0})
+                                  "sps": [], "peak": [], "oom": 0, "failed": 0, "timed_out": 0})
         if "samples_per_s" in r:
             a["sps"].append(r["samples_per_s"])
             a["verdict"] = r.get("verdict")
+        elif r.get("timed_out"):  # its pace until cut short (an upper bound on a run that stalls)
+            a["sps"].append(r["samples_per_s_partial"])
+            a["timed_out"] += 1
         else:
             a["failed"] += 1
         a["peak"].append(r["peak_bytes"])
@@ -240,15 +259,16 @@ def summarise(rows: list[dict], bps: dict, throttle: int, limit: int) -> dict:
     out = {}
     for k, a in arms.items():
         storage = throttle / bps[a["backend"]] if a["condition"] == "throttled" and bps.get(a["backend"]) else None
-        out[k] = {**{x: a[x] for x in ("backend", "sampler", "condition", "oom", "failed")},
+        out[k] = {**{x: a[x] for x in ("backend", "sampler", "condition", "oom", "failed", "timed_out")},
                   "samples_per_s": _med(a["sps"]), "peak_bytes_max": max(a["peak"]),
                   "within_limit": a["condition"] == "cached" or max(a["peak"]) <= limit,
                   "storage_bound_limit": storage, "verdict": a.get("verdict")}
     # the memory backend decodes the split before its epoch: its pace is no decode limit
     cached = [v["samples_per_s"]["median"] for v in out.values()
-              if v["condition"] == "cached" and v["samples_per_s"] and v["backend"] != "memory"]
+              if v["condition"] == "cached" and v["samples_per_s"] and v["backend"] != "memory" and not v["timed_out"]]
     decode_limit = max(cached) if cached else None
-    thr = {k: v for k, v in out.items() if v["condition"] == "throttled" and v["samples_per_s"]}
+    thr = {k: v for k, v in out.items()
+           if v["condition"] == "throttled" and v["samples_per_s"] and not v["timed_out"]}
     best = max(thr, key=lambda k: thr[k]["samples_per_s"]["median"]) if thr else None
     goal = None
     if best and decode_limit:
@@ -258,6 +278,7 @@ def summarise(rows: list[dict], bps: dict, throttle: int, limit: int) -> dict:
                 "storage_bound_limit": thr[best]["storage_bound_limit"], "decode_bound_limit": decode_limit,
                 "lower_limit": bound, "ratio": ratio, "target": 0.8, "met": ratio >= 0.8}
     ok_mem = all(v["oom"] == 0 and v["within_limit"] and not v["failed"] for v in out.values())
+    # (a run cut short is slow, not over the limit: its peak is checked like any other)
     return {"arms": out, "decode_bound_limit": decode_limit, "goal": goal, "memory_goal_met": ok_mem}
 
 
@@ -275,6 +296,9 @@ def main(argv: list[str] | None = None) -> dict:
     prov = describe_run("benchmarks.loader_scale", argv)
     if os.geteuid() != 0 or own_memory_cgroup() is None or not (BLKCG / "blkio.throttle.read_bps_device").exists():
         raise SystemExit("needs root and cgroup v1 memory and blkio hierarchies")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` removes the run's cgroups
+    for stale in [*own_memory_cgroup().glob("sluice-scale-*"), *BLKCG.glob("sluice-scale-*")]:
+        remove_cgroup(stale)  # left by a run killed with SIGKILL
     root = large_artifact(mode)
     if a.prepare_only:
         return {}
@@ -291,13 +315,17 @@ def main(argv: list[str] | None = None) -> dict:
     if n * SIDE * SIDE * 3 < memory_budget().host_available / 2:  # the decoded split fits the host
         arms.append(("memory", "shuffle", "cached"))
     most = 3 if a.smoke else QUICK_BATCHES if a.quick else FULL_BATCHES
-    rows = []
+    rows, stalled = [], set()
     for rep in range(1 if a.smoke else a.repeats):
         for b, s, c in arms:
+            if (b, s, c) in stalled:  # cut short once: not again (each costs RUN_TIMEOUT_S)
+                continue
             t = time.perf_counter()
             r = run_one(root, b, s, c, limit, throttle, seed=rep, max_batches=most)
             rows.append(r)
-            print(f"  [{rep}] {b:<10} {s:<11} {c:<9} {r.get('samples_per_s', float('nan')):8.0f} samples/s  "
+            if r.get("timed_out"):
+                stalled.add((b, s, c))
+            print(f"  [{rep}] {b:<10} {s:<11} {c:<9} {r.get('samples_per_s', r.get('samples_per_s_partial', float('nan'))):8.0f} samples/s  "
                   f"peak {r['peak_bytes'] / 2**20:6.0f} MiB  oom {r['oom_kills']}  "
                   f"read {r['read_bytes'] / 1e6:7.0f} MB  ({time.perf_counter() - t:.0f} s)"
                   + (f"  ERROR {r['error'][-300:]}" if "error" in r else ""), flush=True)
