@@ -228,10 +228,68 @@ def compression_links_quick(d: dict[str, Any]) -> list[str]:
     return compression_links(d, "compression_links_quick.json")
 
 
+def loader_scale(d: dict[str, Any], name: str = "loader_scale.json") -> list[str]:
+    ds, g = d["dataset"], d.get("goal") or {}
+    lines = [f"#### The loader beyond memory ({ds['tar_bytes'] / 1e9:.1f} GB of JPEG shards, "
+             f"{ds['samples']:,} samples, under a {d['memory_limit_bytes'] / 2**20:,.0f} MiB memory cgroup)", "",
+             f"Each run: {d.get('batches_per_run')} batches of 256 after {d.get('warmup_batches', 0)} of warm-up, "
+             "RRC to 128 + flip + normalise, 2 decode workers, in a fresh child process. `throttled`: the memory "
+             f"limit, a {d['throttle_bytes_per_s'] / 1e6:,.0f} MB/s blkio read throttle and a cold page cache; "
+             "`cached`: the files in the page cache, no limit (this sets the decode-bound limit). "
+             "Median of the repeats, min–max beside it.", "",
+             "| arm | samples/s: median (min–max) | storage-bound limit | peak memory | OOM kills | verdict |",
+             "|---|---|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        sp = a["samples_per_s"]
+        cut = f", cut short after {a['timed_out']} run(s) of 150 s: pace so far" if a.get("timed_out") else ""
+        rng = f" ({sp['min']:,.0f}–{sp['max']:,.0f})" if sp.get("n", 0) > 1 else ""
+        val = f"{sp['median']:,.0f}{rng}{cut}" if sp else f"no run finished ({a['failed']} failed)"
+        lim = "—" if a["storage_bound_limit"] is None else f"{a['storage_bound_limit']:,.0f}"
+        over = "" if a["within_limit"] else " (over the limit)"
+        lines.append(f"| {arm} | {val} | {lim} | {a['peak_bytes_max'] / 2**20:,.0f} MiB{over} | {a['oom']} | "
+                     f"{a.get('verdict') or '—'} |")
+    if g:
+        lines += ["", f"Goal: the best throttled arm ({g['best_throttled_arm']}, {g['samples_per_s']:,.0f} samples/s) "
+                      f"at ≥ 0.8× the lower of its storage-bound ({g['storage_bound_limit']:,.0f}) and the "
+                      f"decode-bound ({g['decode_bound_limit']:,.0f}, the best cached arm) limits: "
+                      f"{g['ratio']:.3f}×, **{'met' if g['met'] else 'missed'}**. No run OOM-killed or over the "
+                      f"memory limit: **{'met' if d['memory_goal_met'] else 'missed'}**."]
+    if d.get("auto_under_limit"):
+        lines += ["", f"`auto` under the limit: {d['auto_under_limit']}"]
+    if d.get("mode") == "quick":
+        lines += ["", "Quick mode: a smaller dataset and 12 batches a run: a check that everything runs, "
+                      "not the measurement the goals ask for."]
+    lines += ["", provenance(d, name)]
+    return lines
+
+
+def loader_scale_quick(d: dict[str, Any]) -> list[str]:
+    if _load("loader_scale.json") is not None:  # the full run's block stands instead
+        return []
+    return loader_scale(d, "loader_scale_quick.json")
+
+
+def shard_order(d: dict[str, Any]) -> list[str]:
+    s, g = d["summary"], d["goal"]
+    lines = [f"#### Shard-block order against the global shuffle (Fashion-MNIST, {d['epochs']:g} epochs)", "",
+             f"The same training on both sides but for the order: the exact global shuffle, or `shard_block` "
+             f"(shard order shuffled, samples shuffled within a window of {d['window']} shards of "
+             f"{d['shard_samples']:,}). Test accuracy, median of the seeds (min–max).", "",
+             "| sampler | test accuracy |", "|---|---|"]
+    for kind, v in s.items():
+        lines.append(f"| {kind} | {_pct(v['median'])} ({_pct(v['min'])}–{_pct(v['max'])}) |")
+    lines += ["", f"Goal: shard_block within {g['target_points']:g} points of the global shuffle: "
+                  f"{g['gap_points']:+.2f} points, **{'met' if g['met'] else 'missed'}**.",
+              "", provenance(d, "shard_order.json")]
+    return lines
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("time_to_accuracy.json", time_to_accuracy), ("demo.json", demo), ("selection.json", selection),
     ("shard.json", shard), ("loader.json", loader), ("compression.json", compression),
     ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
+    ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
+    ("shard_order.json", shard_order),
 ]
 
 

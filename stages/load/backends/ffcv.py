@@ -56,6 +56,7 @@ class FfcvBackend(Backend):
                              drop_last=False, batches_ahead=self.batches_ahead,
                              pipelines={"image": [image], "label": [IntDecoder()], "index": [IntDecoder()], "key": None})
         self.timings = Timings()
+        advise_random(self.loader, self.path)
         table = np.sort(self.loader.reader.alloc_table, order="sample_id")
         self._alloc = table
         self._starts = np.searchsorted(table["sample_id"], np.arange(rec.count + 1))
@@ -96,6 +97,22 @@ class FfcvBackend(Backend):
         finally:
             ahead.stop()
             it.close()
+
+
+def advise_random(loader, path: str) -> None:
+    """Map the ``.beton`` for FFCV ourselves, with ``MADV_RANDOM``: our readahead thread brings in
+    exactly the bytes the next batches need, and a fault on a page the kernel evicted meanwhile
+    must not pull a whole read-around window (``read_ahead_kb``, 8 MB on this host's disk). Under a
+    1 GiB memory limit over a 3.9 GB file, shuffled reads otherwise thrashed: 28 GB read at the
+    throttle for 13k samples, 93 samples/s (benchmarks/results/loader_scale.json)."""
+    import mmap
+    ctx = getattr(loader.memory_manager, "context", None)
+    if ctx is None or not hasattr(ctx, "mmap"):  # FFCV's process cache reads pages itself
+        return
+    if ctx.mmap is None:
+        ctx.mmap = np.memmap(path, "uint8", mode="r")
+    if hasattr(mmap, "MADV_RANDOM"):
+        ctx.mmap._mmap.madvise(mmap.MADV_RANDOM)
 
 
 def keep_torch_threads() -> None:
