@@ -103,8 +103,8 @@ def advise_random(loader, path: str) -> None:
     """Map the ``.beton`` for FFCV ourselves, with ``MADV_RANDOM``: our readahead thread brings in
     exactly the bytes the next batches need, and a fault on a page the kernel evicted meanwhile
     must not pull a whole read-around window (``read_ahead_kb``, 8 MB on this host's disk). Under a
-    1 GiB memory limit over a 3.9 GB file, shuffled reads otherwise thrashed: 28 GB read at the
-    throttle for 13k samples, 93 samples/s (benchmarks/results/loader_scale.json)."""
+    1 GiB memory limit over a 3.9 GB file, shuffled reads thrashed without it (benchmarks.loader_scale:
+    28 GB read at a 200 MB/s throttle for 13k samples, 93 samples/s; with it, 0.6 GB for 26k)."""
     import mmap
     ctx = getattr(loader.memory_manager, "context", None)
     if ctx is None or not hasattr(ctx, "mmap"):  # FFCV's process cache reads pages itself
