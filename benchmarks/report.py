@@ -82,6 +82,12 @@ def time_to_accuracy(d: dict[str, Any]) -> list[str]:
         miss = f", {s93['misses']} of {len(a['runs'])} seeds missed" if s93["misses"] else ""
         lines.append(f"| {arm} | {a['budget_epochs']:g} | {_s(s93['median'])}{rng}{miss} | "
                      f"{_x(a.get('ratio_to_baseline_93'))} | {_s(s94['median'])} | {_pct(a['final_acc_median'])} |")
+    sweeps = [f"{arm}: " + ", ".join(f"{r['epochs']:g} epochs {_pct(r['final_acc'])}"
+                                     + ("" if r["seconds_to_target"].get("0.93") is not None else " (missed 93%)")
+                                     for r in a.get("sweep", []))
+              for arm, a in d["arms"].items() if a.get("sweep")]
+    if sweeps:
+        lines += ["", "The sweep (seed 0, final accuracy at each budget): " + "; ".join(sweeps) + "."]
     goals = d.get("goals") or {}
     if goals:
         lines += ["", "Goals: " + "; ".join(
@@ -97,6 +103,29 @@ def time_to_accuracy(d: dict[str, Any]) -> list[str]:
         lines += ["", f"Not counted for Sluice: starting Prefect's embedded API ({api:.0f} s, once per "
                       "benchmark process; a deployment's runs use a server that is already up)."]
     lines += ["", provenance(d, "time_to_accuracy.json")]
+    return lines
+
+
+def ablation(d: dict[str, Any]) -> list[str]:
+    """Each technique of the default recipe left out (or a candidate added) at the default's budget."""
+    ref = d["arms"].get("sluice")
+    if not ref:
+        return []
+    lines = ["#### Ablations of the default recipe (Fashion-MNIST test split)", "",
+             f"Every arm at the default's budget ({ref['budget_epochs']:g} epochs), seeds interleaved; "
+             "time to 93% as above, a seed that never reaches it counting as infinitely slow.", "",
+             "| arm | to 93%: median (min–max) | final accuracy: median (min–max) | vs the default |",
+             "|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        s93 = a["summary"]["0.93"]
+        rng = "" if s93["min"] is None else f" ({_s(s93['min'])}–{_s(s93['max'])})"
+        miss = f", {s93['misses']} of {len(a['runs'])} seeds missed" if s93["misses"] else ""
+        acc = a["final_acc"]
+        delta = 100 * (a["final_acc_median"] - ref["final_acc_median"])
+        lines.append(f"| {arm} | {_s(s93['median'])}{rng}{miss} | {_pct(a['final_acc_median'])} "
+                     f"({_pct(min(acc))}–{_pct(max(acc))}) | "
+                     f"{'—' if arm == 'sluice' else f'{delta:+.2f} points'} |")
+    lines += ["", provenance(d, "time_to_accuracy_ablation.json")]
     return lines
 
 
@@ -285,7 +314,7 @@ def shard_order(d: dict[str, Any]) -> list[str]:
 
 
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
-    ("time_to_accuracy.json", time_to_accuracy), ("demo.json", demo), ("selection.json", selection),
+    ("time_to_accuracy.json", time_to_accuracy), ("time_to_accuracy_ablation.json", ablation), ("demo.json", demo), ("selection.json", selection),
     ("shard.json", shard), ("loader.json", loader), ("compression.json", compression),
     ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
