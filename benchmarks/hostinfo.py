@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,6 @@ def load_average() -> list[float]:
 def describe_run(module: str, argv: list[str] | None = None) -> dict[str, Any]:
     """The provenance block of a results file written by ``python -m module argv...``."""
     args = sys.argv[1:] if argv is None else argv
-    return {"command": " ".join(["python -m", module, *args]),
+    return {"command": " ".join(["python -m", module, *map(shlex.quote, args)]),
             "commit": git_commit(), "host": {**cpu(), "python": platform.python_version()},
             "load_average_start": load_average()}
