@@ -337,7 +337,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(trows, ["arm", "samples/s", "min", "max", "storage limit", "peak MiB", "oom", "verdict"]))
     print(f"decode-bound limit (best cached arm): {s['decode_bound_limit']}")
     print(f"goal: {s['goal']}\nmemory goal met: {s['memory_goal_met']}")
-    payload = {**prov, "mode": mode, "batches_per_run": most, "warmup_batches": WARMUP, "seeds": list(range(a.repeats)), "dataset": {
+    payload = {**prov, "mode": mode, "batches_per_run": most, "warmup_batches": WARMUP,
+               "run_timeout_s": RUN_TIMEOUT_S, "seeds": list(range(a.repeats)), "dataset": {
         "root": root, "samples": n, "tar_bytes": jpeg_bytes, "decoded_bytes": n * SIDE * SIDE * 3,
         "bytes_per_sample": bps}, "memory_limit_bytes": limit, "throttle_bytes_per_s": throttle,
         "auto_under_limit": next((r.get("auto") for r in rows if r.get("auto") and r["condition"] != "cached"), None),

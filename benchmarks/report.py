@@ -270,7 +270,8 @@ def loader_scale(d: dict[str, Any], name: str = "loader_scale.json") -> list[str
              "|---|---|---|---|---|---|"]
     for arm, a in d["arms"].items():
         sp = a["samples_per_s"]
-        cut = f", cut short after {a['timed_out']} run(s) of 150 s: pace so far" if a.get("timed_out") else ""
+        cut = (f", cut short after {a['timed_out']} run(s) of {d.get('run_timeout_s', '?')} s: pace so far"
+               if a.get("timed_out") else "")
         rng = f" ({sp['min']:,.0f}–{sp['max']:,.0f})" if sp.get("n", 0) > 1 else ""
         val = f"{sp['median']:,.0f}{rng}{cut}" if sp else f"no run finished ({a['failed']} failed)"
         lim = "—" if a["storage_bound_limit"] is None else f"{a['storage_bound_limit']:,.0f}"

@@ -27,15 +27,11 @@ from sluice.errors import ArtifactError, LoaderError
 from sluice.stages.contracts import Batch, Sampler
 from sluice.stages.load.augment import TorchAugment, batch_seed
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
-from sluice.stages.load.backends.memory import MemoryBackend
 from sluice.stages.load.budget import memory_budget
 from sluice.stages.load.config import LoaderConfig
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.load.samplers import build_sampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
-
-
-WHAT_IT_HOLDS = {"memory": "the decoded split", "ffcv": "its decode buffers and the batches in flight"}
 
 
 def resolve_backend(artifact: DatasetArtifact, config: LoaderConfig) -> tuple[str, str]:
@@ -58,7 +54,7 @@ def resolve_backend(artifact: DatasetArtifact, config: LoaderConfig) -> tuple[st
     needs = {c: LOADER_BACKENDS.get(c).working_bytes(artifact, config.split, config) for c in candidates}
 
     def holds(c: str) -> str:
-        return f"{c} needs {needs[c] / 1e9:.2f} GB ({WHAT_IT_HOLDS.get(c, 'the batches in flight')})"
+        return f"{c} needs {needs[c] / 1e9:.2f} GB ({LOADER_BACKENDS.get(c).holds})"
     fits = [c for c in candidates if needs[c] <= budget]
     if not fits:
         pick = min(candidates, key=needs.__getitem__)

@@ -48,6 +48,7 @@ class Backend:
     augments: ClassVar[bool] = False  # yields finished batches (augmented, on the device)
     forks_per_epoch: bool = False  # starts worker processes per epoch: no prefetch thread
     reads_shards: ClassVar[bool] = False  # reads the tar shards by sample (remote: prefetch them)
+    holds: ClassVar[str] = "the batches in flight"  # what working_bytes counts, said in auto's reason
     timings: Timings
 
     @classmethod

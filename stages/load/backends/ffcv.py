@@ -22,6 +22,7 @@ class FfcvBackend(Backend):
     """FFCV's reader and JIT-compiled decoders, fed our order directly (an EpochIterator per
     epoch), so no length is fixed from the first epoch and any order or resume point works."""
     name = "ffcv"
+    holds = "its decode buffers and the batches in flight"
     batches_ahead = 2  # FFCV decodes this many batches ahead, into batches_ahead + 2 buffers
 
     @classmethod

@@ -19,6 +19,7 @@ from sluice.storage.artifact import DatasetArtifact
 class MemoryBackend(Backend):
     """Decode the split once into RAM; then every batch is a numpy gather (~µs per sample)."""
     name = "memory"
+    holds = "the decoded split"
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "MemoryBackend":
@@ -37,7 +38,7 @@ class MemoryBackend(Backend):
         if shape is None:
             raise LoaderError("the memory backend needs a fixed image shape; this split has variable sizes "
                               "(use ffcv, dali or webdataset, or re-shard with shard.image_size)")
-        need = n * int(np.prod(shape))
+        need = n * decoded_sample_bytes(artifact)
         budget = max_bytes if max_bytes is not None else memory_budget().bytes
         if need > budget:
             why = "loader.memory_budget_bytes" if max_bytes is not None else memory_budget().explain()
