@@ -90,6 +90,16 @@ class Stack:
         out = r.stdout + r.stderr
         run_id = next((line.split()[-1] for line in out.splitlines() if "UUID:" in line), "")
         state = api(self.url, f"/flow_runs/{run_id}")["state"]["type"] if run_id else "UNKNOWN"
+        if state != "COMPLETED" and run_id:
+            out += "\n--- the flow run's own log (errors first) ---\n" + self.flow_run_log(run_id)
         return state, out
+
+    def flow_run_log(self, run_id: str, limit: int = 200) -> str:
+        """The run's log as the server holds it, warnings and errors first: where the reason a
+        run failed is (``deployment run --watch`` prints only state changes)."""
+        logs = api(self.url, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}},
+                                               "sort": "TIMESTAMP_ASC", "limit": limit})
+        ordered = sorted(logs, key=lambda r: -r["level"])
+        return "\n".join(f"{r['level']} {r['message']}" for r in ordered)[-6000:]
 
 

@@ -150,6 +150,33 @@ def test_modules_stay_readable():
     assert long == []
 
 
+def test_no_undefined_names():
+    """A name used but never defined or imported is a NameError waiting on the one path that
+    reaches it (a scorer's helper reached only from a deployed flow once shipped that way)."""
+    from pyflakes import api as flakes
+    from pyflakes import messages, reporter
+
+    class Collect(reporter.Reporter):
+        def __init__(self):
+            super().__init__(None, None)
+            self.found: list[str] = []
+
+        def flake(self, m):
+            if isinstance(m, (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)):
+                self.found.append(str(m))
+
+        def syntaxError(self, filename, msg, lineno, offset, text):
+            self.found.append(f"{filename}:{lineno}: {msg}")
+
+        def unexpectedError(self, filename, msg):
+            self.found.append(f"{filename}: {msg}")
+
+    got = Collect()
+    dirs = [*PACKAGE_DIRS.values(), ROOT / "deploy", ROOT / "benchmarks", ROOT / "tests", ROOT / "scripts"]
+    flakes.checkRecursive([str(d) for d in dirs if d.exists()], got)
+    assert got.found == []
+
+
 @pytest.mark.slow
 def test_the_wheel_installs_one_top_level_package_usable_without_prefect(tmp_path):
     """A wheel holds ``sluice`` and nothing beside it; installed alone, the loader imports

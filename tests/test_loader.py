@@ -10,7 +10,7 @@ import torch
 
 from conftest import ROOT
 from sluice.stages.load.augment import AugmentSpec, Flip, Normalize, RandomResizedCrop, TorchAugment
-from sluice.stages.load import Loader, LoaderConfig
+from sluice.stages.load import Loader, LoaderConfig, split_arrays
 from sluice.stages.load.samplers import (CurriculumSampler, ResolutionSchedule, SamplerConfig, WeightedSampler,
                              pacing_fraction, partition)
 from sluice.storage.artifact import open_artifact
@@ -66,6 +66,18 @@ def test_backends_agree_on_pixels(art):
     for backend, (x, y, idx) in outs.items():
         assert torch.equal(x, ref), backend
         assert idx.tolist() == list(range(si.count))
+
+
+def test_split_arrays_is_the_whole_split_index_aligned(art, fmnist_artifact):
+    """What the irreducible-loss scorer trains on: every sample of a split, uint8 NHWC, labels
+    aligned; from an artifact object or its path alike."""
+    from sluice.stages.load.sample_index import SampleIndex
+    si = SampleIndex(art, "val")
+    for source in (art, fmnist_artifact.root):
+        x, y = split_arrays(source, "val")
+        assert x.dtype == np.uint8 and x.shape == (si.count, 28, 28, 1)
+        assert (y == art.labels("val")).all()
+        assert np.array_equal(x[7], si.pixels(7))
 
 
 def test_partition_pad_and_drop_are_explicit():

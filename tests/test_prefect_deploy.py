@@ -107,6 +107,7 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
                                       _tiny(data, prepare={"ingest": {"source": "/no/such/source", "limit": 1500},
                                                            "shard": {"shard_samples": 500}}))
     assert state == "FAILED", out[-4000:]
+    assert "/no/such/source" in out.split("the flow run's own log")[-1], out[-4000:]  # says what was wrong
     assert reg.champion().model_id == champ.model_id and len(reg.list()) == 2
     assert {p: p.stat().st_mtime_ns for p in (data / "datasets").rglob("*.tar")} == shards_before
 

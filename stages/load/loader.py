@@ -388,7 +388,7 @@ def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> t
     """The whole split as (uint8 NHWC images, int64 labels), index-aligned: for scorers such as
     the irreducible-loss model that want every sample at once."""
     art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
-    be = MemoryBackend(art, split, os.cpu_count() or 1)
+    be = LOADER_BACKENDS.get("memory")(art, split, os.cpu_count() or 1)
     return be.images, be.labels
 
 
