@@ -1,0 +1,54 @@
+"""benchmarks.time_to_accuracy's bookkeeping: Sluice is measured against the fastest baseline
+variant (the strongest plain-PyTorch recipe), a seed that never reaches the target counts as
+infinitely slow, and the sweep keeps the first budget that reaches 93% with seed 0."""
+from __future__ import annotations
+
+import pytest
+
+import benchmarks.time_to_accuracy as tta
+from benchmarks.report import time_to_accuracy
+
+
+def fake_run(times: dict[tuple[str, float, int], float | None]):
+    """A stand-in for one training run: 93% at ``times[arm, epochs, seed]`` (None: never)."""
+    def run(self, arm, epochs, seed):
+        hit = times[(arm, epochs, seed)]
+        evals = [{"epoch": epochs, "acc": 0.92 if hit is None else 0.931, "wall_s": hit or 100.0}]
+        return {"evals": evals, "wall_s": evals[-1]["wall_s"], "final_acc": evals[-1]["acc"], "seed": seed,
+                "epochs": epochs, "seconds_to_target": {"0.93": hit, "0.94": None}}
+    return run
+
+
+def test_ratio_is_to_the_fastest_baseline_and_a_miss_is_infinitely_slow(monkeypatch):
+    a, b = list(tta.BASELINES)
+    times = {(a, 5, 0): None, (a, 6, 0): 300.0, (a, 6, 1): 310.0, (a, 6, 2): 290.0,
+             (b, 5, 0): 250.0, (b, 5, 1): 260.0, (b, 5, 2): None,
+             ("sluice", 4, 0): 120.0, ("sluice", 4, 1): None, ("sluice", 4, 2): 125.0}
+    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
+    bench = tta.Bench([a, b, "sluice"], [0, 1, 2], {a: [5, 6], b: [5, 6], "sluice": [4, 5]}, {})
+    bench.sweep()
+    bench.measure()
+    res = bench.finish()
+    arms = res["arms"]
+    assert arms[a]["budget_epochs"] == 6 and arms[b]["budget_epochs"] == 5 and arms["sluice"]["budget_epochs"] == 4
+    assert [r["epochs"] for r in arms[a]["sweep"]] == [5, 6]          # seed 0's hit is reused, not rerun
+    assert arms[b]["summary"]["0.93"] == {"median": 260.0, "min": 250.0, "max": None, "misses": 1}
+    assert res["strongest_baseline"] == b                              # 260 s beats 300 s
+    assert arms["sluice"]["summary"]["0.93"]["median"] == 125.0
+    assert arms["sluice"]["ratio_to_baseline_93"] == pytest.approx(125 / 260)
+    assert res["goals"]["sluice_93_in_at_most_0.5x_baseline"]["met"]
+    text = "\n".join(time_to_accuracy({**res, "seeds": [0, 1, 2]}))
+    assert f"fastest baseline arm ({b})" in text and "0.48×" in text
+
+
+def test_a_sluice_that_misses_on_most_seeds_misses_the_goal(monkeypatch):
+    (a, *_), s = list(tta.BASELINES), "sluice"
+    times = {(a, 5, k): 200.0 for k in range(3)} | {(s, 4, 0): 80.0, (s, 4, 1): None, (s, 4, 2): None}
+    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
+    bench = tta.Bench([a, s], [0, 1, 2], {a: [5], s: [4]}, {})
+    bench.sweep()
+    bench.measure()
+    res = bench.finish()
+    assert res["arms"][s]["summary"]["0.93"]["median"] is None
+    assert res["arms"][s]["ratio_to_baseline_93"] is None
+    assert not res["goals"]["sluice_93_in_at_most_0.5x_baseline"]["met"]
