@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="run on two simulated nodes over a link of each RATE (100mbit 1gbit 10gbit)")
     ap.add_argument("--models", nargs="+", help="--link: which models (small_cnn_dense, resnet_small)")
     ap.add_argument("--seeds", type=int, default=3, help="--link: seeds 0..N-1 (default 3)")
+    ap.add_argument("--merge", action="store_true",
+                    help="--link: merge these rates into the existing results file (same settings), keeping its others")
     a = ap.parse_args(argv)
     if a.link:
         from benchmarks import compression_links

@@ -11,14 +11,21 @@ step, the fraction of step time spent communicating and the final accuracy:
   reaches it. The PowerSGD goal compares it with the uncompressed run's whole training clock.
 * ``comm_fraction``: 1 - (the compute-only step time) / (the mode's step time), where the
   compute-only step is the same model and per-rank batch on one node with no DDP (measured in
-  the same sweep): the share of a step that communication, compression and waiting for the
-  peer add. ``hook_busy_fraction``: the share of the step the compression thread was busy.
+  the same cluster, seed and rate, just before the modes): the share of a step that
+  communication, compression and waiting for the peer add. ``hook_busy_fraction``: the share of the step the compression thread was busy.
 * ``none`` is DDP's own bucketed all-reduce (overlapped with the backward pass); PowerSGD's hook
   overlaps the same way (its thread takes buckets as DDP hands them over).
 
 Budgets are fixed before the run: the same steps, batch, learning-rate schedule, evaluation
 cadence and test images for every mode; seeds 0, 1, 2; rates, models and modes interleaved
 within each seed (mode order alternating) so the host's drift falls on all of them alike.
+
+The full sweep takes hours here. ``--merge`` runs only the rates given and merges them into an
+existing ``compression_links.json`` of the same settings, keeping its other rates (each rate
+records its own commit, time and load): the modes compared at one rate always ran side by side,
+while rates measured in different sessions are compared across host drift (the file says so).
+
+    python -m benchmarks.compression --link 100mbit --merge   # then 1gbit, then 10gbit
 """
 from __future__ import annotations
 
@@ -130,7 +137,8 @@ def _agg(xs: list[float | None]) -> dict[str, Any]:
 
 
 def summarise(raw: dict, compute: dict, links: dict) -> dict[str, Any]:
-    """Per rate, model and mode: medians (min-max) over seeds, and each seed's figures."""
+    """Per rate, model and mode: medians (min-max) over seeds, and each seed's figures
+    (``compute``: the compute-only step time by rate, model and seed)."""
     out: dict[str, Any] = {}
     for rate, per_model in raw.items():
         for model, per_mode in per_model.items():
@@ -145,7 +153,7 @@ def summarise(raw: dict, compute: dict, links: dict) -> dict[str, Any]:
                     stt = seconds_to(run["evals"], target)
                     rows.append({"seed": s, "target_acc": target, "seconds_to_target": stt,
                                  "vs_uncompressed_wall": None if stt is None else stt / base["train_clock_s"],
-                                 "comm_fraction": max(0.0, 1 - compute[model][s] / run["step_s"]),
+                                 "comm_fraction": max(0.0, 1 - compute[rate][model][s] / run["step_s"]),
                                  **{k: run[k] for k in ("final_acc", "step_s", "bytes_per_step",
                                                         "bytes_per_step_whole_run", "train_clock_s",
                                                         "hook_busy_fraction", "param_digests_equal")}})
@@ -182,7 +190,7 @@ def crossover(summary: dict[str, Any], model: str) -> dict[str, Any]:
 def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> dict[str, Any]:
     specs = data_specs(quick)
     raw: dict = {r: {m: {k: {} for k in MODES} for m in models} for r in rates}
-    compute: dict = {m: {} for m in models}
+    compute: dict = {r: {m: {} for m in models} for r in rates}
     links: dict = {r: [] for r in rates}
     order = []
     with tempfile.TemporaryDirectory(prefix="sluice-links-") as tmp:
@@ -193,10 +201,9 @@ def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> d
                     print(f"seed {seed} {rate}: measured {links[rate][-1]:.0f} Mbit/s", flush=True)
                     for model in models:
                         steps = 40 if quick else MODELS[model]["steps"]
-                        if seed not in compute[model]:
-                            compute[model][seed] = compute_only(c, model, seed, specs,
-                                                                Path(tmp) / f"compute-{model}-{seed}")
-                            print(f"  {model}: compute-only {compute[model][seed]:.3f} s/step", flush=True)
+                        compute[rate][model][seed] = compute_only(c, model, seed, specs,
+                                                                  Path(tmp) / f"compute-{rate}-{model}-{seed}")
+                        print(f"  {model}: compute-only {compute[rate][model][seed]:.3f} s/step", flush=True)
                         modes = list(MODES) if (seed + i) % 2 == 0 else list(reversed(MODES))
                         for mode in modes:
                             order.append(f"seed{seed}/{rate}/{model}/{mode}")
@@ -246,21 +253,48 @@ def goals(summary: dict[str, Any], models: list[str]) -> dict[str, Any]:
     return out
 
 
+SAME_SETTINGS = ("models", "modes", "steps", "seeds", "eval_every_steps", "test_images", "compute_only_steps")
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new``'s rates over ``old``'s, when both ran the same settings (else a clear refusal):
+    raw runs, compute-only steps, link probes and each rate's provenance."""
+    a, b = old.get("_about", {}), new["_about"]
+    differ = [k for k in SAME_SETTINGS if json.dumps(a.get(k), sort_keys=True, default=str)
+              != json.dumps(b.get(k), sort_keys=True, default=str)]
+    if a.get("mode") != "full" or differ:
+        raise SystemExit(f"--merge: the existing file ran other settings ({', '.join(differ) or 'its mode'}); "
+                         "run every rate again, or write elsewhere with --out")
+    old = {**old, "raw": {r: {m: {k: {int(s): v for s, v in runs.items()} for k, runs in per_mode.items()}
+                              for m, per_mode in per_model.items()} for r, per_model in old["raw"].items()},
+           "compute_only_step_s": {r: {m: {int(s): v for s, v in per_seed.items()} for m, per_seed in per_model.items()}
+                                   for r, per_model in old["compute_only_step_s"].items()}}  # JSON keys are strings
+    per_rate = {**a.get("per_rate", {}), **b["per_rate"]}
+    rates = [r for r in RATES if r in per_rate] + [r for r in per_rate if r not in RATES]
+    pick = lambda r, key: (new if r in b["per_rate"] else old)[key][r]  # noqa: E731
+    return {"_about": {**b, "rates": rates, "per_rate": {r: per_rate[r] for r in rates},
+                       "merged": "rates measured in different sessions: see per_rate"},
+            "raw": {r: pick(r, "raw") for r in rates},
+            "compute_only_step_s": {r: pick(r, "compute_only_step_s") for r in rates},
+            "link_mbit": {r: pick(r, "link_mbit") for r in rates},
+            "order": [o for o in old.get("order", []) if o.split("/")[1] not in b["per_rate"]] + new["order"]}
+
+
 def main(args: argparse.Namespace, argv: list[str]) -> None:
     reason = netadmin_missing()
     if reason:
         print(f"skipped: the link benchmark needs a simulated cluster ({reason})")
         return
+    if args.merge and args.quick:
+        raise SystemExit("--merge merges full runs; a quick run writes its own file")
     rates = args.link or list(RATES)
     models = args.models or list(MODELS)
     seeds = list(range(1 if args.quick else args.seeds))
     t0 = time.time()
-    res = run(rates, models, seeds, args.quick)
-    summary = summarise(res["raw"], res["compute_only_step_s"], res["link_mbit"])
-    g = goals(summary, models)
-    print(report(summary, models))
-    print(json.dumps(g, indent=1))
-    about = {**describe_run("benchmarks.compression", argv), "mode": "quick" if args.quick else "full",
+    name = "compression_links_quick.json" if args.quick else "compression_links.json"
+    out = Path(args.out) if args.out else RESULTS / name
+    prov = describe_run("benchmarks.compression", argv)
+    about = {**prov, "mode": "quick" if args.quick else "full",
              "seeds": seeds, "rates": rates, "models": {m: MODELS[m] for m in models}, "modes": MODES,
              "steps": {m: 40 if args.quick else MODELS[m]["steps"] for m in models},
              "eval_every_steps": EVAL_EVERY, "test_images": 2000 if args.quick else TEST_IMAGES,
@@ -268,11 +302,27 @@ def main(args: argparse.Namespace, argv: list[str]) -> None:
              "target": "the uncompressed run's final accuracy - 1 point, same seed",
              "link": "tbf on each node's send side and on the switch port towards it (full duplex); "
                      "no added latency (this kernel has no netem)",
-             "sweep": "for seed: for rate: for model: compute-only baseline (first rate), then modes in "
-                      "alternating order", "total_s": time.time() - t0}
-    name = "compression_links_quick.json" if args.quick else "compression_links.json"
-    out = Path(args.out) if args.out else RESULTS / name
+             "sweep": "for seed: for rate: for model: compute-only step, then modes in alternating order"}
+    old = json.loads(out.read_text()) if args.merge and out.exists() else None
+    if old is not None:
+        merge(old, {"_about": {**about, "per_rate": {}}, "raw": {}, "compute_only_step_s": {},
+                    "link_mbit": {}, "order": []})  # refuse before hours of work, not after
+    res = run(rates, models, seeds, args.quick)
+    about["total_s"] = time.time() - t0
+    about["per_rate"] = {r: {k: prov[k] for k in ("command", "commit", "load_average_start")}
+                         | {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)), "total_s": about["total_s"]}
+                         for r in rates}
+    res = {"_about": about, **res}
+    if old is not None:
+        res = merge(old, res)
+    summary = summarise(res["raw"], res["compute_only_step_s"], res["link_mbit"])
+    g = goals(summary, models)
+    print(report(summary, models))
+    print(json.dumps(g, indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"_about": about, "goals": g, "summary": summary, **res}, indent=1,
-                              sort_keys=False, default=str) + "\n")
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"_about": res["_about"], "goals": g, "summary": summary,
+                               **{k: v for k, v in res.items() if k != "_about"}},
+                              indent=1, sort_keys=False, default=str) + "\n")
+    tmp.replace(out)
     print(f"wrote {out}")

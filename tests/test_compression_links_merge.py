@@ -1,0 +1,60 @@
+"""benchmarks.compression --link R --merge: a rate measured in one session joins the rates of an
+earlier one (same settings) in one results file; the modes of a rate always come from one run;
+other settings are refused before any work. Bookkeeping only: the runs here are made up."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import benchmarks.compression_links as cl
+from benchmarks.report import compression_links
+
+
+def fake_results(rates: list[str], when: str, none_s: float, psgd_s: float) -> dict:
+    """What ``run`` returns (+ the provenance main adds) for seeds 0 and 1 and one model."""
+    def one(clock: float, step: float, acc: float) -> dict:
+        return {"final_acc": acc, "steps": 300, "train_clock_s": clock, "step_s": step, "bytes_per_step": 1e6,
+                "bytes_per_step_whole_run": 1e6, "hook_busy_fraction": 0.1, "param_digests_equal": True,
+                "evals": [(150, clock / 2, acc - 0.05), (300, clock, acc)]}
+    raw = {r: {"small_cnn_dense": {"none": {s: one(none_s, none_s / 300, 0.80) for s in (0, 1)},
+                                   "powersgd_rank2": {s: one(psgd_s, psgd_s / 300, 0.795) for s in (0, 1)}}}
+           for r in rates}
+    about = {"mode": "full", "models": {"small_cnn_dense": cl.MODELS["small_cnn_dense"]}, "modes": cl.MODES,
+             "steps": {"small_cnn_dense": 300}, "seeds": [0, 1], "eval_every_steps": cl.EVAL_EVERY,
+             "test_images": cl.TEST_IMAGES, "compute_only_steps": cl.COMPUTE_STEPS, "commit": when,
+             "per_rate": {r: {"commit": when, "when": when, "load_average_start": [1.0]} for r in rates}}
+    return {"_about": about, "raw": raw,
+            "compute_only_step_s": {r: {"small_cnn_dense": {0: 0.3, 1: 0.3}} for r in rates},
+            "link_mbit": {r: [cl.rate_bits(r) / 1e6 * 0.96] * 2 for r in rates},
+            "order": [f"seed{s}/{r}/small_cnn_dense/{m}" for s in (0, 1) for r in rates for m in cl.MODES]}
+
+
+def test_merge_keeps_the_other_rates_and_replaces_the_rerun_one():
+    old = json.loads(json.dumps(fake_results(["100mbit", "1gbit"], "day1", 200.0, 120.0)))  # as read from disk
+    new = fake_results(["1gbit", "10gbit"], "day2", 60.0, 70.0)
+    m = cl.merge(old, new)
+    assert m["_about"]["rates"] == ["100mbit", "1gbit", "10gbit"]
+    assert {r: v["when"] for r, v in m["_about"]["per_rate"].items()} == {"100mbit": "day1", "1gbit": "day2",
+                                                                           "10gbit": "day2"}
+    assert m["raw"]["1gbit"]["small_cnn_dense"]["none"][0]["train_clock_s"] == 60.0      # the rerun rate is new
+    assert m["raw"]["100mbit"]["small_cnn_dense"]["none"][0]["train_clock_s"] == 200.0   # seeds are ints again
+    assert sum(o.split("/")[1] == "1gbit" for o in m["order"]) == 4                        # no stale 1gbit runs
+    summary = cl.summarise(m["raw"], m["compute_only_step_s"], m["link_mbit"])
+    assert summary["100mbit"]["small_cnn_dense"]["powersgd_rank2"]["vs_uncompressed_wall"] == pytest.approx(0.6)
+    assert summary["100mbit"]["small_cnn_dense"]["none"]["comm_fraction"] == pytest.approx(1 - 0.3 / (200 / 300))
+    g = cl.goals(summary, ["small_cnn_dense"])["small_cnn_dense"]
+    assert not g["100mbit_powersgd_vs_uncompressed_wall"]["met"] and not g["1gbit_powersgd_not_slower"]["met"]
+    text = "\n".join(compression_links({**m, "summary": summary, "goals": {"small_cnn_dense": g}}))
+    assert "separate sessions" in text and "100mbit: commit `day1`" in text
+
+
+def test_merge_refuses_other_settings():
+    old = fake_results(["100mbit"], "day1", 200.0, 120.0)
+    new = fake_results(["1gbit"], "day2", 60.0, 50.0)
+    new["_about"]["steps"] = {"small_cnn_dense": 100}
+    with pytest.raises(SystemExit, match="steps"):
+        cl.merge(old, new)
+    old["_about"]["mode"] = "quick"
+    with pytest.raises(SystemExit, match="other settings"):
+        cl.merge(old, fake_results(["1gbit"], "day2", 60.0, 50.0))
