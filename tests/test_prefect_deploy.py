@@ -28,7 +28,9 @@ def _tiny(data_root: Path, **over) -> dict:
     cfg = {"data_root": str(data_root),
            "prepare": {"ingest": {"limit": 1500}, "shard": {"shard_samples": 500, "workers": 1}},
            "selection": {"method": "rho_loss", "ratio": 0.5, "il": {"epochs": 1}},
-           "train": {"max_steps": 20, "batch_size": 32, "comm": {"mode": "powersgd", "start_iter": 5}},
+           # lr 0.05 per 256 samples: the default recipe's 0.2 warms up over a quarter of the run,
+           # which for 20 steps is 5 steps, too steep to learn anything (val stayed at chance)
+           "train": {"max_steps": 20, "batch_size": 32, "lr": 0.05, "comm": {"mode": "powersgd", "start_iter": 5}},
            "promotion": {"margin": 0.05}, "nproc": 2}
     for k, v in over.items():
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
@@ -74,7 +76,7 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
     assert state == "COMPLETED", out[-4000:]
     reg = Registry(data / "registry")
     champ = reg.champion()
-    assert champ is not None and 0.1 < champ.value <= 1.0
+    assert champ is not None and 0.25 < champ.value <= 1.0   # it learnt something (chance: 0.1)
     shards_before = {p: p.stat().st_mtime_ns for p in (data / "datasets").rglob("*.tar")}
 
     # Unchanged data: Prefect serves the shard and IL results from its cache, nothing is re-sharded.
