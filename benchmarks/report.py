@@ -214,8 +214,8 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
     lines = ["#### Gradient compression over shaped links (2 simulated nodes, 1 core each)", "",
              "Seconds to the uncompressed run's final accuracy minus 1 point (training clock), "
              "median over the seeds; communication's share of a step against a compute-only step.", "",
-             "| link (measured) | model | mode | s to target | vs uncompressed wall | MB per step | "
-             "comm share | final accuracy |", "|---|---|---|---|---|---|---|---|"]
+             "| link (measured) | model | mode | s to target | vs uncompressed wall | s per step | MB per step | "
+             "comm share | final accuracy |", "|---|---|---|---|---|---|---|---|---|"]
     for rate, per in summary.items():
         mbit = (per.get("measured_mbit") or {}).get("median")
         for model, modes in per.items():
@@ -225,7 +225,7 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
                 mb = "—" if v.get("bytes_per_step") is None else f"{v['bytes_per_step'] / 1e6:.2f}"
                 lines.append(f"| {rate} ({_s(mbit, ' Mbit/s')}) | {model} | {mode} | "
                              f"{_s(v.get('seconds_to_target'), ' s', 1)} | {_x(v.get('vs_uncompressed_wall'))} | "
-                             f"{mb} | {_pct(v.get('comm_fraction'), 0)} | {_pct(v.get('final_acc'))} |")
+                             f"{_s(v.get('step_s'), ' s', 3)} | {mb} | {_pct(v.get('comm_fraction'), 0)} | {_pct(v.get('final_acc'))} |")
     for model, g in goals.items():
         parts = []
         slow, mid = g.get("100mbit_powersgd_vs_uncompressed_wall"), g.get("1gbit_powersgd_not_slower")
