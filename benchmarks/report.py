@@ -252,7 +252,7 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
                       "not the measurement the goals ask for (the full run has 3 seeds and 200-300 steps)."]
     per_rate = about.get("per_rate") or {}
     if about.get("merged") and len({v.get("when") for v in per_rate.values()}) > 1:
-        lines += ["", "Rates measured in separate sessions (`--merge`; the modes at one rate always ran side by side): "
+        lines += ["", "Rates measured in separate runs (`--merge`; the modes at one rate always ran side by side): "
                       + "; ".join(f"{r}: commit `{str(v.get('commit'))[:12]}`, {v.get('when')}, load "
                                   f"{(v.get('load_average_start') or ['?'])[0]}" for r, v in per_rate.items()) + "."]
     return lines + ["", provenance({**about, **d}, name)]

@@ -46,7 +46,7 @@ def test_merge_keeps_the_other_rates_and_replaces_the_rerun_one():
     g = cl.goals(summary, ["small_cnn_dense"])["small_cnn_dense"]
     assert not g["100mbit_powersgd_vs_uncompressed_wall"]["met"] and not g["1gbit_powersgd_not_slower"]["met"]
     text = "\n".join(compression_links({**m, "summary": summary, "goals": {"small_cnn_dense": g}}))
-    assert "separate sessions" in text and "100mbit: commit `day1`" in text
+    assert "separate runs" in text and "100mbit: commit `day1`" in text
 
 
 def test_merge_refuses_other_settings():
