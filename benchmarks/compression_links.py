@@ -256,24 +256,34 @@ def goals(summary: dict[str, Any], models: list[str]) -> dict[str, Any]:
 SAME_SETTINGS = ("models", "modes", "steps", "seeds", "eval_every_steps", "test_images", "compute_only_steps")
 
 
+def check_same_settings(old_about: dict[str, Any], new_about: dict[str, Any]) -> None:
+    """Refuse (SystemExit naming what differs) to merge runs of other settings or a quick run."""
+    differ = [k for k in SAME_SETTINGS if json.dumps(old_about.get(k), sort_keys=True, default=str)
+              != json.dumps(new_about.get(k), sort_keys=True, default=str)]
+    if old_about.get("mode") != "full" or differ:
+        raise SystemExit(f"--merge: the existing file ran other settings ({', '.join(differ) or 'its mode'}); "
+                         "run every rate again, or write elsewhere with --out")
+
+
+def _int_seeds(tree: Any, depth: int) -> Any:
+    """``tree`` with the keys ``depth`` levels down (the seeds) as ints again: JSON made them strings."""
+    if depth == 0:
+        return {int(k): v for k, v in tree.items()}
+    return {k: _int_seeds(v, depth - 1) for k, v in tree.items()}
+
+
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``new``'s rates over ``old``'s, when both ran the same settings (else a clear refusal):
     raw runs, compute-only steps, link probes and each rate's provenance."""
     a, b = old.get("_about", {}), new["_about"]
-    differ = [k for k in SAME_SETTINGS if json.dumps(a.get(k), sort_keys=True, default=str)
-              != json.dumps(b.get(k), sort_keys=True, default=str)]
-    if a.get("mode") != "full" or differ:
-        raise SystemExit(f"--merge: the existing file ran other settings ({', '.join(differ) or 'its mode'}); "
-                         "run every rate again, or write elsewhere with --out")
-    old = {**old, "raw": {r: {m: {k: {int(s): v for s, v in runs.items()} for k, runs in per_mode.items()}
-                              for m, per_mode in per_model.items()} for r, per_model in old["raw"].items()},
-           "compute_only_step_s": {r: {m: {int(s): v for s, v in per_seed.items()} for m, per_seed in per_model.items()}
-                                   for r, per_model in old["compute_only_step_s"].items()}}  # JSON keys are strings
+    check_same_settings(a, b)
+    old = {**old, "raw": _int_seeds(old["raw"], 3),  # rate / model / mode / seed
+           "compute_only_step_s": _int_seeds(old["compute_only_step_s"], 2)}  # rate / model / seed
     per_rate = {**a.get("per_rate", {}), **b["per_rate"]}
     rates = [r for r in RATES if r in per_rate] + [r for r in per_rate if r not in RATES]
     pick = lambda r, key: (new if r in b["per_rate"] else old)[key][r]  # noqa: E731
     return {"_about": {**b, "rates": rates, "per_rate": {r: per_rate[r] for r in rates},
-                       "merged": "rates measured in different sessions: see per_rate"},
+                       "merged": "rates measured in separate runs: see per_rate"},
             "raw": {r: pick(r, "raw") for r in rates},
             "compute_only_step_s": {r: pick(r, "compute_only_step_s") for r in rates},
             "link_mbit": {r: pick(r, "link_mbit") for r in rates},
@@ -305,8 +315,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> None:
              "sweep": "for seed: for rate: for model: compute-only step, then modes in alternating order"}
     old = json.loads(out.read_text()) if args.merge and out.exists() else None
     if old is not None:
-        merge(old, {"_about": {**about, "per_rate": {}}, "raw": {}, "compute_only_step_s": {},
-                    "link_mbit": {}, "order": []})  # refuse before hours of work, not after
+        check_same_settings(old.get("_about", {}), about)  # refuse before hours of work, not after
     res = run(rates, models, seeds, args.quick)
     about["total_s"] = time.time() - t0
     about["per_rate"] = {r: {k: prov[k] for k in ("command", "commit", "load_average_start")}

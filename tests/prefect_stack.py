@@ -100,6 +100,6 @@ class Stack:
         logs = api(self.url, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}},
                                                "sort": "TIMESTAMP_ASC", "limit": limit})
         ordered = sorted(logs, key=lambda r: -r["level"])
-        return "\n".join(f"{r['level']} {r['message']}" for r in ordered)[-6000:]
+        return "\n".join(f"{r['level']} {r['message']}" for r in ordered)[:6000]  # keep the errors
 
 
