@@ -16,9 +16,13 @@ step, the fraction of step time spent communicating and the final accuracy:
 * ``none`` is DDP's own bucketed all-reduce (overlapped with the backward pass); PowerSGD's hook
   overlaps the same way (its thread takes buckets as DDP hands them over).
 
-Budgets are fixed before the run: the same steps, batch, learning-rate schedule, evaluation
-cadence and test images for every mode; seeds 0, 1, 2; rates, models and modes interleaved
-within each seed (mode order alternating) so the host's drift falls on all of them alike.
+Budgets are fixed before the run or by a recorded sweep: the uncompressed run trains for the
+model's ``steps``; a compressed mode, which loses some accuracy per step, trains for the smallest
+of ``BUDGET_SWEEP`` (1, 1.25, 1.5, 2 times those steps, one-cycle over each) whose first-seed run
+reaches the target, and seeds 1 and 2 train for that budget; every point of the sweep is in the
+JSON (``budgets``). The same batch, learning-rate schedule shape, evaluation cadence and test
+images for every mode; seeds 0, 1, 2; rates, models and modes interleaved within each seed (mode
+order alternating) so the host's drift falls on all of them alike.
 
 The full sweep takes hours here. ``--merge`` runs only the rates given and merges them into an
 existing ``compression_links.json`` of the same settings, keeping its other rates (each rate
@@ -37,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks.common import table
 from benchmarks.hostinfo import describe_run
@@ -61,6 +65,11 @@ MODES = {"none": {"mode": "none"},
          "powersgd_rank2": {"mode": "powersgd", "powersgd_rank": 2, "start_iter": START_ITER,
                             "error_feedback": True, "warm_start": True}}
 EVAL_EVERY = 25
+# a compressed mode may need more steps than the uncompressed run to reach the same accuracy; it
+# trains for the smallest of these multiples of the uncompressed budget that reaches the target
+# on the first seed (a recorded sweep, one per rate), and every later seed uses that budget
+BUDGET_SWEEP = (1.0, 1.25, 1.5, 2.0)
+QUICK_BUDGET_SWEEP = (1.0, 1.5)
 TEST_IMAGES = 5000
 COMPUTE_STEPS = 40
 PROBE = ("import socket,time\ns=socket.socket();s.bind(('0.0.0.0',5001));s.listen();c,_=s.accept()\n"
@@ -154,12 +163,13 @@ def summarise(raw: dict, compute: dict, links: dict) -> dict[str, Any]:
                     rows.append({"seed": s, "target_acc": target, "seconds_to_target": stt,
                                  "vs_uncompressed_wall": None if stt is None else stt / base["train_clock_s"],
                                  "comm_fraction": max(0.0, 1 - compute[rate][model][s] / run["step_s"]),
+                                 "steps": run.get("steps"), "budget_multiplier": run.get("budget_multiplier", 1.0),
                                  **{k: run[k] for k in ("final_acc", "step_s", "bytes_per_step",
                                                         "bytes_per_step_whole_run", "train_clock_s",
                                                         "hook_busy_fraction", "param_digests_equal")}})
                 agg = {k: _agg([r[k] for r in rows]) for k in (
                     "seconds_to_target", "vs_uncompressed_wall", "bytes_per_step", "comm_fraction",
-                    "final_acc", "step_s", "train_clock_s", "hook_busy_fraction")}
+                    "final_acc", "step_s", "train_clock_s", "hook_busy_fraction", "steps")}
                 out.setdefault(rate, {"measured_mbit": _agg(links.get(rate, []))}).setdefault(model, {})[mode] = {
                     **{k: v["median"] for k, v in agg.items()}, "spread": agg, "seeds": rows}
     return out
@@ -187,11 +197,45 @@ def crossover(summary: dict[str, Any], model: str) -> dict[str, Any]:
     return {"powersgd_faster_to_target": wins, "fitted_crossover_mbit": fit}
 
 
+def budget_entry(mult: float, res: dict[str, Any], target: float | None) -> dict[str, Any]:
+    """One point of a budget sweep: its steps, final accuracy and when it reached the target."""
+    if "error" in res:
+        return {"multiplier": mult, "error": res["error"]}
+    stt = None if target is None else seconds_to(res["evals"], target)
+    return {"multiplier": mult, "steps": res["steps"], "final_acc": res["final_acc"],
+            "train_clock_s": res["train_clock_s"], "target_acc": target, "seconds_to_target": stt,
+            "reached": stt is not None}
+
+
+def sweep_budget(target: float | None, first: dict[str, Any], multipliers: tuple[float, ...],
+                 train: Callable[[float], dict[str, Any]]) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
+    """The smallest step budget (a multiple of the uncompressed run's) whose run reaches the target.
+
+    ``first`` is the run at ``multipliers[0]``; ``train(mult)`` runs another. Returns the chosen
+    multiplier, its run and every point tried; when none reaches the target (or there is no
+    target: the uncompressed run failed) the largest budget tried stands, marked not reached."""
+    tried = [(multipliers[0], first)]
+    points = [budget_entry(multipliers[0], first, target)]
+    for mult in multipliers[1:]:
+        if target is None or points[-1].get("reached"):
+            break
+        res = train(mult)
+        tried.append((mult, res))
+        points.append(budget_entry(mult, res, target))
+    mult, res = tried[-1]
+    return mult, res, points
+
+
 def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> dict[str, Any]:
+    """Every seed, rate, model and mode. On the first seed each compressed mode also sweeps its step
+    budget (``budget_sweep``): the smallest multiple of the uncompressed budget that reaches the
+    target is what the later seeds train for at that rate."""
     specs = data_specs(quick)
+    multipliers = QUICK_BUDGET_SWEEP if quick else BUDGET_SWEEP
     raw: dict = {r: {m: {k: {} for k in MODES} for m in models} for r in rates}
     compute: dict = {r: {m: {} for m in models} for r in rates}
     links: dict = {r: [] for r in rates}
+    budgets: dict = {r: {m: {"none": {"multiplier": 1.0, "sweep": None}} for m in models} for r in rates}
     order = []
     with tempfile.TemporaryDirectory(prefix="sluice-links-") as tmp:
         for seed in seeds:
@@ -204,21 +248,40 @@ def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> d
                         compute[rate][model][seed] = compute_only(c, model, seed, specs,
                                                                   Path(tmp) / f"compute-{rate}-{model}-{seed}")
                         print(f"  {model}: compute-only {compute[rate][model][seed]:.3f} s/step", flush=True)
-                        modes = list(MODES) if (seed + i) % 2 == 0 else list(reversed(MODES))
-                        for mode in modes:
-                            order.append(f"seed{seed}/{rate}/{model}/{mode}")
+
+                        def train(mode: str, mult: float) -> dict[str, Any]:
+                            order.append(f"seed{seed}/{rate}/{model}/{mode}" + ("" if mult == 1 else f"/x{mult:g}"))
                             try:
-                                res = one_run(c, model, mode, seed, steps, specs,
-                                              Path(tmp) / f"{seed}-{rate}-{model}-{mode}")
+                                res = one_run(c, model, mode, seed, round(steps * mult), specs,
+                                              Path(tmp) / f"{seed}-{rate}-{model}-{mode}-x{mult:g}")
                             except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
                                 res = {"error": f"{type(e).__name__}: {e}"[:2000]}
-                                print(f"  {model} {mode}: FAILED {res['error'][:300]}", flush=True)
+                                print(f"  {model} {mode} x{mult:g}: FAILED {res['error'][:300]}", flush=True)
                             else:
-                                print(f"  {model} {mode}: acc {res['final_acc']:.4f}, {res['step_s']:.3f} s/step, "
+                                print(f"  {model} {mode} x{mult:g}: acc {res['final_acc']:.4f}, {res['step_s']:.3f} s/step, "
                                       f"{res['bytes_per_step'] / 1e6:.2f} MB/step, clock {res['train_clock_s']:.0f} s",
                                       flush=True)
+                            return {**res, "budget_multiplier": mult}
+
+                        per_mode = budgets[rate][model]
+                        modes = list(MODES) if (seed + i) % 2 == 0 else list(reversed(MODES))
+                        for mode in modes:
+                            mult = multipliers[0] if seed == seeds[0] else per_mode[mode]["multiplier"]
+                            raw[rate][model][mode][seed] = train(mode, 1.0 if mode == "none" else mult)
+                        if seed != seeds[0]:
+                            continue
+                        base = raw[rate][model]["none"][seed]
+                        target = None if "error" in base else base["final_acc"] - 0.01
+                        for mode in MODES:
+                            if mode == "none":
+                                continue
+                            mult, res, points = sweep_budget(target, raw[rate][model][mode][seed], multipliers,
+                                                             lambda m, mode=mode: train(mode, m))
                             raw[rate][model][mode][seed] = res
-    return {"raw": raw, "compute_only_step_s": compute, "link_mbit": links, "order": order}
+                            per_mode[mode] = {"multiplier": mult, "steps": round(steps * mult),
+                                              "reached_on_sweep_seed": bool(points[-1].get("reached")),
+                                              "sweep_seed": seed, "sweep": points}
+    return {"raw": raw, "compute_only_step_s": compute, "link_mbit": links, "budgets": budgets, "order": order}
 
 
 def report(summary: dict[str, Any], models: list[str]) -> str:
@@ -229,9 +292,10 @@ def report(summary: dict[str, Any], models: list[str]) -> str:
                 rows.append({"link": rate, "Mbit/s": per["measured_mbit"]["median"], "model": model, "mode": mode,
                              "s_to_target": v["seconds_to_target"], "vs_none_wall": v["vs_uncompressed_wall"],
                              "MB/step": None if v["bytes_per_step"] is None else v["bytes_per_step"] / 1e6,
-                             "comm_frac": v["comm_fraction"], "s/step": v["step_s"], "acc": v["final_acc"]})
+                             "comm_frac": v["comm_fraction"], "s/step": v["step_s"], "steps": v["steps"],
+                             "acc": v["final_acc"]})
     return table(rows, ["link", "Mbit/s", "model", "mode", "s_to_target", "vs_none_wall", "MB/step",
-                        "comm_frac", "s/step", "acc"])
+                        "comm_frac", "s/step", "steps", "acc"])
 
 
 def goals(summary: dict[str, Any], models: list[str]) -> dict[str, Any]:
@@ -253,7 +317,8 @@ def goals(summary: dict[str, Any], models: list[str]) -> dict[str, Any]:
     return out
 
 
-SAME_SETTINGS = ("models", "modes", "steps", "seeds", "eval_every_steps", "test_images", "compute_only_steps")
+SAME_SETTINGS = ("models", "modes", "steps", "budget_sweep", "seeds", "eval_every_steps", "test_images",
+                 "compute_only_steps")
 
 
 def check_same_settings(old_about: dict[str, Any], new_about: dict[str, Any]) -> None:
@@ -287,6 +352,7 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             "raw": {r: pick(r, "raw") for r in rates},
             "compute_only_step_s": {r: pick(r, "compute_only_step_s") for r in rates},
             "link_mbit": {r: pick(r, "link_mbit") for r in rates},
+            "budgets": {r: pick(r, "budgets") for r in rates},
             "order": [o for o in old.get("order", []) if o.split("/")[1] not in b["per_rate"]] + new["order"]}
 
 
@@ -307,12 +373,16 @@ def main(args: argparse.Namespace, argv: list[str]) -> None:
     about = {**prov, "mode": "quick" if args.quick else "full",
              "seeds": seeds, "rates": rates, "models": {m: MODELS[m] for m in models}, "modes": MODES,
              "steps": {m: 40 if args.quick else MODELS[m]["steps"] for m in models},
+             "budget_sweep": list(QUICK_BUDGET_SWEEP if args.quick else BUDGET_SWEEP),
              "eval_every_steps": EVAL_EVERY, "test_images": 2000 if args.quick else TEST_IMAGES,
              "compute_only_steps": COMPUTE_STEPS, "nodes": 2, "ranks_per_node": 1, "cores_per_node": 1,
              "target": "the uncompressed run's final accuracy - 1 point, same seed",
              "link": "tbf on each node's send side and on the switch port towards it (full duplex); "
                      "no added latency (this kernel has no netem)",
-             "sweep": "for seed: for rate: for model: compute-only step, then modes in alternating order"}
+             "sweep": "for seed: for rate: for model: compute-only step, then modes in alternating order; "
+                      "on the first seed each compressed mode then sweeps its step budget (budget_sweep "
+                      "multiples of steps) up to the first that reaches the target, and later seeds train "
+                      "for that budget"}
     old = json.loads(out.read_text()) if args.merge and out.exists() else None
     if old is not None:
         check_same_settings(old.get("_about", {}), about)  # refuse before hours of work, not after

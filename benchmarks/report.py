@@ -214,8 +214,8 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
     lines = ["#### Gradient compression over shaped links (2 simulated nodes, 1 core each)", "",
              "Seconds to the uncompressed run's final accuracy minus 1 point (training clock), "
              "median over the seeds; communication's share of a step against a compute-only step.", "",
-             "| link (measured) | model | mode | s to target | vs uncompressed wall | s per step | MB per step | "
-             "comm share | final accuracy |", "|---|---|---|---|---|---|---|---|---|"]
+             "| link (measured) | model | mode | steps | s to target | vs uncompressed wall | s per step | "
+             "MB per step | comm share | final accuracy |", "|---|---|---|---|---|---|---|---|---|---|"]
     for rate, per in summary.items():
         mbit = (per.get("measured_mbit") or {}).get("median")
         for model, modes in per.items():
@@ -223,9 +223,11 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
                 continue
             for mode, v in modes.items():
                 mb = "—" if v.get("bytes_per_step") is None else f"{v['bytes_per_step'] / 1e6:.2f}"
-                lines.append(f"| {rate} ({_s(mbit, ' Mbit/s')}) | {model} | {mode} | "
+                steps = "—" if v.get("steps") is None else f"{v['steps']:.0f}"
+                lines.append(f"| {rate} ({_s(mbit, ' Mbit/s')}) | {model} | {mode} | {steps} | "
                              f"{_s(v.get('seconds_to_target'), ' s', 1)} | {_x(v.get('vs_uncompressed_wall'))} | "
                              f"{_s(v.get('step_s'), ' s', 3)} | {mb} | {_pct(v.get('comm_fraction'), 0)} | {_pct(v.get('final_acc'))} |")
+    lines += _budget_sweeps(d.get("budgets") or {})
     for model, g in goals.items():
         parts = []
         slow, mid = g.get("100mbit_powersgd_vs_uncompressed_wall"), g.get("1gbit_powersgd_not_slower")
@@ -249,13 +251,33 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
         steps = max((about.get("steps") or {"?": 0}).values())
         lines += ["", f"Quick mode: {len(about.get('seeds', []))} seed, {steps} steps, PowerSGD "
                       f"compressing from step {start + 1 if isinstance(start, int) else start}: a smoke run, "
-                      "not the measurement the goals ask for (the full run has 3 seeds and 200-300 steps)."]
+                      "not the measurement the goals ask for (the full run has 3 seeds, 200-300 steps uncompressed and a swept budget compressed)."]
     per_rate = about.get("per_rate") or {}
     if about.get("merged") and len({v.get("when") for v in per_rate.values()}) > 1:
         lines += ["", "Rates measured in separate runs (`--merge`; the modes at one rate always ran side by side): "
                       + "; ".join(f"{r}: commit `{str(v.get('commit'))[:12]}`, {v.get('when')}, load "
                                   f"{(v.get('load_average_start') or ['?'])[0]}" for r, v in per_rate.items()) + "."]
     return lines + ["", provenance({**about, **d}, name)]
+
+
+def _budget_sweeps(budgets: dict[str, Any]) -> list[str]:
+    """One line per model and compressed mode: the step budgets its first seed tried (same at
+    every rate when the runs are deterministic, so rates that agree are listed once)."""
+    seen: dict[tuple[str, str, str], list[str]] = {}
+    for rate, per_model in budgets.items():
+        for model, per_mode in per_model.items():
+            for mode, b in per_mode.items():
+                if not b.get("sweep"):
+                    continue
+                tried = ", ".join(f"{p['multiplier']:g}× = {p['steps']} steps → {_pct(p['final_acc'])}"
+                                  + (" (reached)" if p.get("reached") else "")
+                                  if "error" not in p else f"{p['multiplier']:g}× failed" for p in b["sweep"])
+                seen.setdefault((model, mode, tried), []).append(rate)
+    if not seen:
+        return []
+    return ["", "Step budget of the compressed modes (recorded sweep on the first seed; the smallest that "
+                "reaches the target is what every seed trains for):", ""] + [
+        f"- {model} {mode} ({', '.join(rates)}): {tried}" for (model, mode, tried), rates in seen.items()]
 
 
 def compression_links_quick(d: dict[str, Any]) -> list[str]:

@@ -21,12 +21,16 @@ def fake_results(rates: list[str], when: str, none_s: float, psgd_s: float) -> d
                                    "powersgd_rank2": {s: one(psgd_s, psgd_s / 300, 0.795) for s in (0, 1)}}}
            for r in rates}
     about = {"mode": "full", "models": {"small_cnn_dense": cl.MODELS["small_cnn_dense"]}, "modes": cl.MODES,
-             "steps": {"small_cnn_dense": 300}, "seeds": [0, 1], "eval_every_steps": cl.EVAL_EVERY,
+             "steps": {"small_cnn_dense": 300}, "budget_sweep": list(cl.BUDGET_SWEEP), "seeds": [0, 1], "eval_every_steps": cl.EVAL_EVERY,
              "test_images": cl.TEST_IMAGES, "compute_only_steps": cl.COMPUTE_STEPS, "commit": when,
              "per_rate": {r: {"commit": when, "when": when, "load_average_start": [1.0]} for r in rates}}
     return {"_about": about, "raw": raw,
             "compute_only_step_s": {r: {"small_cnn_dense": {0: 0.3, 1: 0.3}} for r in rates},
             "link_mbit": {r: [cl.rate_bits(r) / 1e6 * 0.96] * 2 for r in rates},
+            "budgets": {r: {"small_cnn_dense": {"none": {"multiplier": 1.0, "sweep": None}, "powersgd_rank2": {
+                "multiplier": 1.25, "steps": 375, "sweep": [
+                    {"multiplier": 1.0, "steps": 300, "final_acc": 0.785, "reached": False},
+                    {"multiplier": 1.25, "steps": 375, "final_acc": 0.795, "reached": True}]}}} for r in rates},
             "order": [f"seed{s}/{r}/small_cnn_dense/{m}" for s in (0, 1) for r in rates for m in cl.MODES]}
 
 
@@ -47,6 +51,9 @@ def test_merge_keeps_the_other_rates_and_replaces_the_rerun_one():
     assert not g["100mbit_powersgd_vs_uncompressed_wall"]["met"] and not g["1gbit_powersgd_not_slower"]["met"]
     text = "\n".join(compression_links({**m, "summary": summary, "goals": {"small_cnn_dense": g}}))
     assert "separate runs" in text and "100mbit: commit `day1`" in text
+    # the budget sweep is listed once for the rates whose sweeps agree
+    assert "- small_cnn_dense powersgd_rank2 (100mbit, 1gbit, 10gbit): 1× = 300 steps → 78.50%, " \
+           "1.25× = 375 steps → 79.50% (reached)" in text
 
 
 def test_merge_refuses_other_settings():
@@ -58,3 +65,34 @@ def test_merge_refuses_other_settings():
     old["_about"]["mode"] = "quick"
     with pytest.raises(SystemExit, match="other settings"):
         cl.merge(old, fake_results(["1gbit"], "day2", 60.0, 50.0))
+
+
+def test_budget_sweep_stops_at_the_first_budget_that_reaches_the_target():
+    def result(mult: float, acc: float) -> dict:
+        return {"steps": round(100 * mult), "final_acc": acc, "train_clock_s": 10 * mult,
+                "evals": [(round(50 * mult), 5 * mult, acc - 0.02), (round(100 * mult), 10 * mult, acc)]}
+    accs = {1.0: 0.80, 1.25: 0.83, 1.5: 0.86, 2.0: 0.88}
+    ran: list[float] = []
+
+    def train(mult: float) -> dict:
+        ran.append(mult)
+        return result(mult, accs[mult])
+    mult, res, points = cl.sweep_budget(0.85, result(1.0, 0.80), cl.BUDGET_SWEEP, train)
+    assert (mult, res["steps"], ran) == (1.5, 150, [1.25, 1.5])            # 2x never ran
+    assert [p["reached"] for p in points] == [False, False, True] and points[-1]["seconds_to_target"] == 15.0
+    ran.clear()
+    mult, res, points = cl.sweep_budget(0.95, result(1.0, 0.80), cl.BUDGET_SWEEP, train)
+    assert mult == 2.0 and not points[-1]["reached"] and len(points) == 4  # none reached: the largest stands
+    ran.clear()
+    mult, _, points = cl.sweep_budget(0.78, result(1.0, 0.80), cl.BUDGET_SWEEP, train)
+    assert (mult, ran, points[0]["seconds_to_target"]) == (1.0, [], 5.0)   # reached at once: nothing more
+    mult, _, points = cl.sweep_budget(None, {"error": "boom"}, cl.BUDGET_SWEEP, train)
+    assert mult == 1.0 and points == [{"multiplier": 1.0, "error": "boom"}]  # no target: no sweep
+
+
+def test_merge_refuses_another_budget_sweep():
+    old = fake_results(["100mbit"], "day1", 200.0, 120.0)
+    new = fake_results(["1gbit"], "day2", 60.0, 50.0)
+    new["_about"]["budget_sweep"] = [1.0, 3.0]
+    with pytest.raises(SystemExit, match="budget_sweep"):
+        cl.merge(old, new)
