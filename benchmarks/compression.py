@@ -117,8 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=3, help="--link: seeds 0..N-1 (default 3)")
     ap.add_argument("--merge", action="store_true",
                     help="--link: merge these rates into the existing results file (same settings), keeping its others")
+    ap.add_argument("--resummarise", action="store_true",
+                    help="--link: recompute the summary and goals of the existing results file from its raw runs")
     a = ap.parse_args(argv)
-    if a.link:
+    if a.link or a.resummarise:
+        a.link = a.link or []
         from benchmarks import compression_links
         return compression_links.main(a, argv if argv is not None else sys.argv[1:])
     a.out = a.out or str(RESULTS)

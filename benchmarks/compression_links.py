@@ -24,7 +24,7 @@ JSON (``budgets``). The same batch, learning-rate schedule shape, evaluation cad
 images for every mode; seeds 0, 1, 2; rates, models and modes interleaved within each seed (mode
 order alternating) so the host's drift falls on all of them alike.
 
-The full sweep takes hours here. ``--merge`` runs only the rates given and merges them into an
+The full sweep takes ~95 min here (3 rates, 2 models, 3 seeds). ``--merge`` runs only the rates given and merges them into an
 existing ``compression_links.json`` of the same settings, keeping its other rates (each rate
 records its own commit, time and load): the modes compared at one rate always ran side by side,
 while rates measured in different sessions are compared across host drift (the file says so).
@@ -186,15 +186,46 @@ def crossover(summary: dict[str, Any], model: str) -> dict[str, Any]:
     pts.sort()
     wins = {f"{r / 1e6:g}mbit": (p["seconds_to_target"] is not None and n["seconds_to_target"] is not None
                                  and p["seconds_to_target"] < n["seconds_to_target"]) for r, _, n, p in pts}
-    fit = None
-    if len(pts) >= 2:
-        import numpy as np
-        x = np.array([1 / mbit for _, mbit, _, _ in pts])
-        bn, an = np.polyfit(x, [n["step_s"] for *_, n, _ in pts], 1)
-        bp, ap = np.polyfit(x, [p["step_s"] for *_, p in pts], 1)
-        if bn != bp and (ap - an) / (bn - bp) > 0:
-            fit = 1 / ((ap - an) / (bn - bp))  # Mbit/s of measured throughput
-    return {"powersgd_faster_to_target": wins, "fitted_crossover_mbit": fit}
+    return {"powersgd_faster_to_target": wins,
+            "fitted_crossover_mbit": _fitted_crossover(pts, "step_s"),
+            "fitted_time_to_target_crossover_mbit": _fitted_crossover(pts, "seconds_to_target")}
+
+
+def _fitted_crossover(pts: list[tuple], key: str) -> float | None:
+    """Measured Mbit/s where ``key`` of the two modes, each fitted as a + b / throughput over
+    the rates, is equal (PowerSGD ahead below it); None when the fits do not cross."""
+    pts = [p for p in pts if p[2][key] is not None and p[3][key] is not None]
+    if len(pts) < 2:
+        return None
+    import numpy as np
+    x = np.array([1 / mbit for _, mbit, _, _ in pts])
+    bn, an = np.polyfit(x, [n[key] for *_, n, _ in pts], 1)
+    bp, ap = np.polyfit(x, [p[key] for *_, p in pts], 1)
+    if bn != bp and (ap - an) / (bn - bp) > 0:
+        return float(1 / ((ap - an) / (bn - bp)))
+    return None
+
+
+def resummarise(path: Path, argv: list[str]) -> None:
+    """Recompute an existing results file's summary and goals from its raw runs (after a change
+    to the summary code), recording the command and commit that did it."""
+    d = json.loads(path.read_text())
+    raw = _int_seeds(d["raw"], 3)
+    compute = _int_seeds(d["compute_only_step_s"], 2)
+    models = list(d["_about"]["models"])
+    summary = summarise(raw, compute, d["link_mbit"])
+    g = goals(summary, models)
+    prov = describe_run("benchmarks.compression", argv)
+    d["_about"]["resummarised"] = {"command": prov["command"], "commit": prov["commit"],
+                                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    d = {"_about": d["_about"], "goals": g, "summary": summary, **{k: v for k, v in d.items()
+                                                                  if k not in ("_about", "goals", "summary")}}
+    print(report(summary, models))
+    print(json.dumps(g, indent=1))
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(d, indent=1, sort_keys=False, default=str) + "\n")
+    tmp.replace(path)
+    print(f"rewrote {path}")
 
 
 def budget_entry(mult: float, res: dict[str, Any], target: float | None) -> dict[str, Any]:
@@ -357,6 +388,8 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace, argv: list[str]) -> None:
+    if args.resummarise:
+        return resummarise(Path(args.out) if args.out else RESULTS / "compression_links.json", argv)
     reason = netadmin_missing()
     if reason:
         print(f"skipped: the link benchmark needs a simulated cluster ({reason})")

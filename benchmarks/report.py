@@ -239,8 +239,10 @@ def compression_links(d: dict[str, Any], name: str = "compression_links.json") -
                          f"({_s(mid['powersgd_s'], ' s', 1)} vs {_s(mid['none_s'], ' s', 1)})")
         c = g.get("crossover") or {}
         wins = [r for r, w in (c.get("powersgd_faster_to_target") or {}).items() if w]
-        fit = c.get("fitted_crossover_mbit")
+        fit, fit_t = c.get("fitted_crossover_mbit"), c.get("fitted_time_to_target_crossover_mbit")
         parts.append("PowerSGD reached the target first at " + (", ".join(wins) if wins else "no measured rate")
+                     + ("" if fit_t is None else f"; it reaches the target sooner below about {fit_t:,.0f} Mbit/s "
+                        "(fit of time to target against 1/throughput)")
                      + ("; the fit of step time against 1/throughput finds no crossover" if fit is None
                         else f"; its steps are faster than uncompressed ones below about {fit:,.0f} Mbit/s "
                              "(fit of step time against 1/throughput)"))

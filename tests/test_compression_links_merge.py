@@ -96,3 +96,20 @@ def test_merge_refuses_another_budget_sweep():
     new["_about"]["budget_sweep"] = [1.0, 3.0]
     with pytest.raises(SystemExit, match="budget_sweep"):
         cl.merge(old, new)
+
+
+def test_crossover_fits_time_to_target_and_step_time_over_the_rates():
+    """none: 100 compute + comm steps of 300 at 4 MB; PowerSGD: 1.5x the steps, nearly no bytes.
+    Time to target t = steps * (c + bytes * 8 / rate): equal where 300 (c + 32/r) = 450 c."""
+    c = 0.1
+    summary = {}
+    for rate in ("100mbit", "1gbit", "10gbit"):
+        mbit = cl.rate_bits(rate) / 1e6
+        none_step, psgd_step = c + 32 / mbit, c + 0.0001
+        summary[rate] = {"measured_mbit": {"median": mbit}, "m": {
+            "none": {"step_s": none_step, "seconds_to_target": 300 * none_step},
+            "powersgd_rank2": {"step_s": psgd_step, "seconds_to_target": 450 * psgd_step}}}
+    out = cl.crossover(summary, "m")
+    assert out["powersgd_faster_to_target"] == {"100mbit": True, "1000mbit": False, "10000mbit": False}
+    assert out["fitted_time_to_target_crossover_mbit"] == pytest.approx(32 * 300 / (150 * c), rel=0.01)  # 640
+    assert out["fitted_crossover_mbit"] > 10_000  # per step PowerSGD is quicker at every rate here
