@@ -24,7 +24,7 @@ JSON (``budgets``). The same batch, learning-rate schedule shape, evaluation cad
 images for every mode; seeds 0, 1, 2; rates, models and modes interleaved within each seed (mode
 order alternating) so the host's drift falls on all of them alike.
 
-The full sweep takes ~95 min here (3 rates, 2 models, 3 seeds). ``--merge`` runs only the rates given and merges them into an
+The full sweep takes ~85 min here (3 rates, 2 models, 3 seeds). ``--merge`` runs only the rates given and merges them into an
 existing ``compression_links.json`` of the same settings, keeping its other rates (each rate
 records its own commit, time and load): the modes compared at one rate always ran side by side,
 while rates measured in different sessions are compared across host drift (the file says so).
