@@ -121,7 +121,6 @@ def main(argv: list[str] | None = None) -> None:
                     help="--link: recompute the summary and goals of the existing results file from its raw runs")
     a = ap.parse_args(argv)
     if a.link or a.resummarise:
-        a.link = a.link or []
         from benchmarks import compression_links
         return compression_links.main(a, argv if argv is not None else sys.argv[1:])
     a.out = a.out or str(RESULTS)

@@ -49,6 +49,7 @@ from deploy.simcluster import SimCluster, netadmin_missing, rate_bits
 from sluice.stages.train.launch import make_job, prepare_run
 from sluice.stages.train.loop import TrainResult
 from sluice.stages.train.nodes import launch_nodes
+from sluice.storage.atomic import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATES = ("100mbit", "1gbit", "10gbit")
@@ -210,22 +211,23 @@ def resummarise(path: Path, argv: list[str]) -> None:
     """Recompute an existing results file's summary and goals from its raw runs (after a change
     to the summary code), recording the command and commit that did it."""
     d = json.loads(path.read_text())
-    raw = _int_seeds(d["raw"], 3)
-    compute = _int_seeds(d["compute_only_step_s"], 2)
-    models = list(d["_about"]["models"])
-    summary = summarise(raw, compute, d["link_mbit"])
-    g = goals(summary, models)
+    d = {**d, "raw": _int_seeds(d["raw"], 3), "compute_only_step_s": _int_seeds(d["compute_only_step_s"], 2)}
     prov = describe_run("benchmarks.compression", argv)
     d["_about"]["resummarised"] = {"command": prov["command"], "commit": prov["commit"],
                                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    d = {"_about": d["_about"], "goals": g, "summary": summary, **{k: v for k, v in d.items()
-                                                                  if k not in ("_about", "goals", "summary")}}
+    write_results(d, list(d["_about"]["models"]), path)
+
+
+def write_results(res: dict[str, Any], models: list[str], out: Path) -> None:
+    """Summarise ``res`` (its raw runs keyed by int seeds), print the table and goals, and write
+    it with its summary and goals, atomically."""
+    summary = summarise(res["raw"], res["compute_only_step_s"], res["link_mbit"])
+    g = goals(summary, models)
     print(report(summary, models))
     print(json.dumps(g, indent=1))
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(d, indent=1, sort_keys=False, default=str) + "\n")
-    tmp.replace(path)
-    print(f"rewrote {path}")
+    write_json(out, {**{k: v for k, v in res.items() if k not in ("goals", "summary")},
+                     "goals": g, "summary": summary}, default=str)
+    print(f"wrote {out}")
 
 
 def budget_entry(mult: float, res: dict[str, Any], target: float | None) -> dict[str, Any]:
@@ -245,15 +247,13 @@ def sweep_budget(target: float | None, first: dict[str, Any], multipliers: tuple
     ``first`` is the run at ``multipliers[0]``; ``train(mult)`` runs another. Returns the chosen
     multiplier, its run and every point tried; when none reaches the target (or there is no
     target: the uncompressed run failed) the largest budget tried stands, marked not reached."""
-    tried = [(multipliers[0], first)]
-    points = [budget_entry(multipliers[0], first, target)]
-    for mult in multipliers[1:]:
+    mult, res = multipliers[0], first
+    points = [budget_entry(mult, res, target)]
+    for bigger in multipliers[1:]:
         if target is None or points[-1].get("reached"):
             break
-        res = train(mult)
-        tried.append((mult, res))
+        mult, res = bigger, train(bigger)
         points.append(budget_entry(mult, res, target))
-    mult, res = tried[-1]
     return mult, res, points
 
 
@@ -266,7 +266,7 @@ def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> d
     raw: dict = {r: {m: {k: {} for k in MODES} for m in models} for r in rates}
     compute: dict = {r: {m: {} for m in models} for r in rates}
     links: dict = {r: [] for r in rates}
-    budgets: dict = {r: {m: {"none": {"multiplier": 1.0, "sweep": None}} for m in models} for r in rates}
+    budgets: dict = {r: {m: {} for m in models} for r in rates}  # compressed modes' swept budgets
     order = []
     with tempfile.TemporaryDirectory(prefix="sluice-links-") as tmp:
         for seed in seeds:
@@ -297,8 +297,8 @@ def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> d
                         per_mode = budgets[rate][model]
                         modes = list(MODES) if (seed + i) % 2 == 0 else list(reversed(MODES))
                         for mode in modes:
-                            mult = multipliers[0] if seed == seeds[0] else per_mode[mode]["multiplier"]
-                            raw[rate][model][mode][seed] = train(mode, 1.0 if mode == "none" else mult)
+                            swept = mode != "none" and seed != seeds[0]
+                            raw[rate][model][mode][seed] = train(mode, per_mode[mode]["multiplier"] if swept else 1.0)
                         if seed != seeds[0]:
                             continue
                         base = raw[rate][model]["none"][seed]
@@ -310,7 +310,6 @@ def run(rates: list[str], models: list[str], seeds: list[int], quick: bool) -> d
                                                              lambda m, mode=mode: train(mode, m))
                             raw[rate][model][mode][seed] = res
                             per_mode[mode] = {"multiplier": mult, "steps": round(steps * mult),
-                                              "reached_on_sweep_seed": bool(points[-1].get("reached")),
                                               "sweep_seed": seed, "sweep": points}
     return {"raw": raw, "compute_only_step_s": compute, "link_mbit": links, "budgets": budgets, "order": order}
 
@@ -427,14 +426,4 @@ def main(args: argparse.Namespace, argv: list[str]) -> None:
     res = {"_about": about, **res}
     if old is not None:
         res = merge(old, res)
-    summary = summarise(res["raw"], res["compute_only_step_s"], res["link_mbit"])
-    g = goals(summary, models)
-    print(report(summary, models))
-    print(json.dumps(g, indent=1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"_about": res["_about"], "goals": g, "summary": summary,
-                               **{k: v for k, v in res.items() if k != "_about"}},
-                              indent=1, sort_keys=False, default=str) + "\n")
-    tmp.replace(out)
-    print(f"wrote {out}")
+    write_results(res, models, out)
