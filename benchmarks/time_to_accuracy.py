@@ -69,15 +69,17 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "sluice 1 rank x 2 threads": {"nproc": 1, "train": {"torch_threads": 2}},
     "sluice +holdout kept": {"prepare": {"ingest": {"holdout_fraction": 0.1}}},
     "sluice +infobatch": {"selection": {"method": "infobatch"}},
+    # half the steps for the same samples (lr_reference_batch scales the lr with the batch)
+    "sluice +batch 128 per rank": {"train": {"batch_size": 128}},
 }
 
 
 # ------------------------------------------------------------------ one run of each kind
 
-def run_baseline(epochs: float, seed: int, threads: int, channels_last: bool,
+def run_baseline(epochs: float, seed: int, threads: int, channels_last: bool, amp: str = "none",
                  extra: tuple[str, ...] = ()) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--epochs", str(epochs),
-           "--seed", str(seed), "--threads", str(threads), "--evals-per-epoch", "1", *extra]
+           "--seed", str(seed), "--threads", str(threads), "--amp", amp, "--evals-per-epoch", "1", *extra]
     if not channels_last:
         cmd.append("--no-channels-last")
     t0 = time.time()
@@ -123,6 +125,7 @@ def run_sluice(overrides: dict[str, Any], epochs: float, seed: int) -> dict[str,
                           for e in evals],
                 "wall_s": time.time() - t0, "final_acc": evals[-1]["acc"],
                 "shard_s": res["dataset"]["seconds"], "train_wall_s": res["train"]["wall_s"],
+                "amp": res["train"].get("amp"),  # as resolved on this host (auto: bf16 where native)
                 "promotion": {k: res["promotion"].get(k) for k in ("eval_split", "candidate_value")}}
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -210,21 +213,25 @@ class Bench:
 
 
 def probe_baseline_settings() -> dict[str, Any]:
-    """The baseline's fastest fp32 settings on this host: threads x memory layout, by the
-    median step time of a short run each (recorded)."""
+    """The baseline's fastest settings on this host: threads x memory layout x precision (fp32,
+    and bf16 autocast where the CPU computes bf16 natively, as Sluice's ``amp: auto`` would), by
+    the mean step time of a short run each (recorded)."""
+    from sluice.stages.compute import resolve_amp  # what Sluice's default resolves to here
     rows = []
-    for threads in (1, 2):
-        for cl in (True, False):
-            cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--max-steps", "40",
-                   "--threads", str(threads), "--evals-per-epoch", "0.001"]
-            if not cl:
-                cmd.append("--no-channels-last")
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                                 cwd=Path(__file__).resolve().parents[1])
-            done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x]
-            rows.append({"threads": threads, "channels_last": cl, "step_s": done[0]["step_s"] if done else None})
+    for amp in dict.fromkeys(("none", resolve_amp("auto"))):
+        for threads in (1, 2):
+            for cl in (True, False):
+                cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--max-steps", "40",
+                       "--threads", str(threads), "--amp", amp, "--evals-per-epoch", "0.001"]
+                if not cl:
+                    cmd.append("--no-channels-last")
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                     cwd=Path(__file__).resolve().parents[1])
+                done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x]
+                rows.append({"threads": threads, "channels_last": cl, "amp": amp,
+                             "step_s": done[0]["step_s"] if done else None})
     best = min((r for r in rows if r["step_s"]), key=lambda r: r["step_s"])
-    return {"probe": rows, "chosen": {"threads": best["threads"], "channels_last": best["channels_last"]}}
+    return {"probe": rows, "chosen": {k: best[k] for k in ("threads", "channels_last", "amp")}}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

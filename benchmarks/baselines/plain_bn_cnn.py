@@ -3,14 +3,15 @@
 The BN CNN (conv3×3-BN-ReLU 32, 32, max-pool, 64, 64, max-pool, linear), SGD with Nesterov
 momentum 0.9, weight decay 5e-4 on weights (not on BatchNorm or biases), one-cycle to lr 0.2 with
 momentum cycling, label smoothing 0.1 (``--label-smoothing``), random horizontal flips, batch 256,
-fp32, channels-last, all 60,000 training images decoded once into RAM; ``--tta flip`` evaluates
+fp32 (``--amp bf16``: bf16 autocast, for CPUs that compute it natively), channels-last, all 60,000
+training images decoded once into RAM; ``--tta flip`` evaluates
 the mean of each test image's and its mirror image's logits. It evaluates on the 10,000 test images
 ``--evals-per-epoch`` times an epoch and prints one JSON line per evaluation with the wall-clock
 seconds since the process started (data loading, model building and evaluations included):
 what a time-to-accuracy comparison charges it.
 
     python -m benchmarks.baselines.plain_bn_cnn --epochs 6 --seed 0 [--threads 2] [--no-channels-last]
-        [--label-smoothing 0.1] [--tta none|flip]
+        [--label-smoothing 0.1] [--tta none|flip] [--amp none|bf16]
 """
 from __future__ import annotations
 
@@ -58,17 +59,23 @@ def prepare(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, channels_last: bool, tta: str = "none") -> float:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, channels_last: bool, tta: str = "none",
+             amp: str = "none") -> float:
     model.eval()
     hits = 0
     for i in range(0, len(y), 1000):
         xb = prepare(x[i:i + 1000], channels_last)
-        logits = model(xb)
-        if tta == "flip":
-            logits = (logits + model(xb.flip(-1))) / 2
+        with autocast(amp):
+            logits = model(xb).float()
+            if tta == "flip":
+                logits = (logits + model(xb.flip(-1)).float()) / 2
         hits += int((logits.argmax(1) == y[i:i + 1000]).sum())
     model.train()
     return hits / len(y)
+
+
+def autocast(amp: str) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-channels-last", dest="channels_last", action="store_false")
     ap.add_argument("--label-smoothing", type=float, default=0.1)
     ap.add_argument("--tta", choices=["none", "flip"], default="none")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none",
+                    help="bf16 autocast for forward passes (pays only where the CPU has native bf16)")
     ap.add_argument("--max-steps", type=int, default=None, help="stop early (thread/layout probes)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -112,7 +121,9 @@ def main(argv: list[str] | None = None) -> None:
             xb = x[idx]
             flip = torch.rand(len(idx), generator=gen) < 0.5
             xb = torch.where(flip.view(-1, 1, 1, 1), xb.flip(-1), xb)
-            loss = F.cross_entropy(model(prepare(xb, args.channels_last)), y[idx], label_smoothing=args.label_smoothing)
+            with autocast(args.amp):
+                logits = model(prepare(xb, args.channels_last))
+            loss = F.cross_entropy(logits.float(), y[idx], label_smoothing=args.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             step += 1
             t_steps += time.perf_counter() - t0
             if step % eval_every == 0 or step == total:
-                acc = evaluate(model, tx, ty, args.channels_last, args.tta)
+                acc = evaluate(model, tx, ty, args.channels_last, args.tta, args.amp)
                 print(json.dumps({"event": "eval", "step": step, "epoch": step / steps_per_epoch, "acc": acc,
                                   "time": time.time(), "wall_s": time.time() - START, "train_s": t_steps}),
                       flush=True)
