@@ -108,6 +108,13 @@ def time_to_accuracy(d: dict[str, Any]) -> list[str]:
         lines += ["", f"The baseline ran with {st.get('threads', '?')} threads, channels-last "
                       f"{'on' if st.get('channels_last') else 'off'}, {amp} (its fastest setting in "
                       "the recorded probe)."]
+        probe = d.get("baseline_settings", {}).get("probe", [])
+        fastest = {amp: min((r["step_s"] for r in probe if r.get("amp", "none") == amp and r["step_s"]),
+                            default=None) for amp in ("none", "bf16")}
+        if all(fastest.values()):
+            lines[-1] += (f" Its fastest step (batch 256) in fp32: {fastest['none']:.3f} s; with bf16 "
+                          f"autocast: {fastest['bf16']:.3f} s ({fastest['none'] / fastest['bf16']:.2f}× "
+                          "faster).")
     ours = sorted({r["amp"] for a in d["arms"].values() for r in a["runs"] if r.get("amp")})
     if ours:
         lines += ["", f"Sluice's `amp: auto` resolved to {', '.join(ours)} on this host."]

@@ -125,7 +125,7 @@ def run_sluice(overrides: dict[str, Any], epochs: float, seed: int) -> dict[str,
                           for e in evals],
                 "wall_s": time.time() - t0, "final_acc": evals[-1]["acc"],
                 "shard_s": res["dataset"]["seconds"], "train_wall_s": res["train"]["wall_s"],
-                "amp": res["train"].get("amp"),  # as resolved on this host (auto: bf16 where native)
+                "amp": res["train"]["summary"].get("amp"),  # as resolved on this host (auto: bf16 where native)
                 "promotion": {k: res["promotion"].get(k) for k in ("eval_split", "candidate_value")}}
     finally:
         shutil.rmtree(root, ignore_errors=True)
