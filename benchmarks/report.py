@@ -109,8 +109,8 @@ def time_to_accuracy(d: dict[str, Any]) -> list[str]:
                       f"{'on' if st.get('channels_last') else 'off'}, {amp} (its fastest setting in "
                       "the recorded probe)."]
         probe = d.get("baseline_settings", {}).get("probe", [])
-        fastest = {amp: min((r["step_s"] for r in probe if r.get("amp", "none") == amp and r["step_s"]),
-                            default=None) for amp in ("none", "bf16")}
+        fastest = {mode: min((r["step_s"] for r in probe if r.get("amp", "none") == mode and r["step_s"]),
+                             default=None) for mode in ("none", "bf16")}
         if all(fastest.values()):
             lines[-1] += (f" Its fastest step (batch 256) in fp32: {fastest['none']:.3f} s; with bf16 "
                           f"autocast: {fastest['bf16']:.3f} s ({fastest['none'] / fastest['bf16']:.2f}× "
@@ -183,7 +183,7 @@ def selection(d: dict[str, Any]) -> list[str]:
                   "|---|---|---|---|---|---|"]
         for m, s in lv["methods"].items():
             secs, with_il = s["seconds_to_target"], s.get("seconds_to_target_with_il")
-            needs_il = with_il != secs or (secs is None and m.startswith("rho_loss"))
+            needs_il = m.startswith("rho_loss")  # rho_loss and its variants (selection.VARIANTS)
             # the IL cost is the same constant on every seed, so it shifts the median by itself
             amortised = secs + lv["il_seconds"] / reuses if needs_il and secs is not None else None
             if amortised is not None:

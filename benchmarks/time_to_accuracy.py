@@ -30,6 +30,7 @@ under another name:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import shutil
@@ -218,18 +219,17 @@ def probe_baseline_settings() -> dict[str, Any]:
     the mean step time of a short run each (recorded)."""
     from sluice.stages.compute import resolve_amp  # what Sluice's default resolves to here
     rows = []
-    for amp in dict.fromkeys(("none", resolve_amp("auto"))):
-        for threads in (1, 2):
-            for cl in (True, False):
-                cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--max-steps", "40",
-                       "--threads", str(threads), "--amp", amp, "--evals-per-epoch", "0.001"]
-                if not cl:
-                    cmd.append("--no-channels-last")
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                                     cwd=Path(__file__).resolve().parents[1])
-                done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x]
-                rows.append({"threads": threads, "channels_last": cl, "amp": amp,
-                             "step_s": done[0]["step_s"] if done else None})
+    precisions = dict.fromkeys(("none", resolve_amp("auto")))  # fp32, and bf16 where native
+    for amp, threads, cl in itertools.product(precisions, (1, 2), (True, False)):
+        cmd = [sys.executable, "-m", "benchmarks.baselines.plain_bn_cnn", "--max-steps", "40",
+               "--threads", str(threads), "--amp", amp, "--evals-per-epoch", "0.001"]
+        if not cl:
+            cmd.append("--no-channels-last")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                             cwd=Path(__file__).resolve().parents[1])
+        done = [json.loads(x) for x in out.stdout.splitlines() if '"done"' in x]
+        rows.append({"threads": threads, "channels_last": cl, "amp": amp,
+                     "step_s": done[0]["step_s"] if done else None})
     best = min((r for r in rows if r["step_s"]), key=lambda r: r["step_s"])
     return {"probe": rows, "chosen": {k: best[k] for k in ("threads", "channels_last", "amp")}}
 

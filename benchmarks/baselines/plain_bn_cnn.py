@@ -58,6 +58,10 @@ def prepare(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
+def autocast(amp: str) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16")
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, channels_last: bool, tta: str = "none",
              amp: str = "none") -> float:
@@ -72,10 +76,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, channels_last: 
         hits += int((logits.argmax(1) == y[i:i + 1000]).sum())
     model.train()
     return hits / len(y)
-
-
-def autocast(amp: str) -> torch.autocast:
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16")
 
 
 def main(argv: list[str] | None = None) -> None:
