@@ -35,7 +35,8 @@ def job(data, world: int, **kw):
            "checkpoint_every_steps": 10,
            "lr_reference_batch": G,  # the lr refers to the starting global batch, not the resumed world's
            **kw}
-    sel = {"config": {"method": "infobatch", "prune": 0.5, "anneal": 0.9},
+    # sync_every 5: the halt at step 7 leaves 2 steps' losses pending in each rank's state
+    sel = {"config": {"method": "infobatch", "prune": 0.5, "anneal": 0.9, "sync_every": 5},
            "candidate_size": G // world, "split_size": N}
     return make_job(cfg, *data, selection=sel)
 

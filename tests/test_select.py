@@ -404,8 +404,8 @@ def test_infobatch_prunes_only_well_learnt_samples_with_unbiased_weights():
     """No pruning before any loss is known; then only below-mean samples are skipped, the same
     count every call, and (loss * w).mean() over the kept ones is unbiased for the whole batch."""
     n, n_cand = 100, 40
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5), candidate_size=n_cand,
-                         split_size=n)
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, sync_every=1),
+                         candidate_size=n_cand, split_size=n)
     x, y = torch.zeros(n_cand, C), torch.zeros(n_cand, dtype=torch.long)
     cand = torch.arange(20, 60)
     first = sel(None, x, y, cand)
@@ -428,7 +428,7 @@ def test_infobatch_prunes_only_well_learnt_samples_with_unbiased_weights():
 
 
 def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.9, anneal=0.5),
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.9, anneal=0.5, sync_every=1),
                          candidate_size=8, split_size=16)
     sel.observe(torch.arange(8), torch.tensor([0.1] * 7 + [5.0]))
     x, y = torch.zeros(8, C), torch.zeros(8, dtype=torch.long)
@@ -446,17 +446,44 @@ def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
         sel.observe(torch.tensor([0]), torch.tensor([float("nan")]))
 
 
+def test_infobatch_gathers_observed_losses_every_sync_every_calls():
+    """Observed losses wait until ``sync_every`` observe calls (one collective for all of them);
+    a checkpoint's state keeps what is pending, so a resumed selector gathers it on time."""
+    sel = build_selector(SelectionConfig(method="infobatch", sync_every=3), candidate_size=4,
+                         split_size=12)
+    sel.observe(torch.arange(4), torch.full((4,), 1.0))
+    sel.observe(torch.arange(4, 8), torch.full((4,), 2.0))
+    assert not sel.seen.any()                                  # pending, not yet in the table
+    sel.observe(torch.arange(8, 10), torch.full((2,), 3.0))
+    assert sel.seen[:10].all() and not sel.seen[10:].any()
+    assert sel.loss[:10].tolist() == [1.0] * 4 + [2.0] * 4 + [3.0] * 2
+    sel.observe(torch.tensor([10, 11]), torch.tensor([4.0, 5.0]))
+    state = sel.state_dict()
+    assert not state["seen"][10:].any() and state["pending_index"].tolist() == [10, 11]
+    again = build_selector(SelectionConfig(method="infobatch", sync_every=3), candidate_size=4,
+                           split_size=12)
+    again.load_state_dict(state)
+    for s in (sel, again):                                     # the third call gathers, resumed or not
+        s.observe(torch.tensor([0]), torch.tensor([6.0]))
+        assert not s.seen[10:].any()
+        s.observe(torch.tensor([1]), torch.tensor([7.0]))
+    assert torch.equal(again.loss, sel.loss) and again.seen.all()
+    assert sel.loss[[0, 1, 10, 11]].tolist() == [6.0, 7.0, 4.0, 5.0]
+
+
 def _infobatch_rank(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5), candidate_size=8,
-                         split_size=16)
+    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, sync_every=2),
+                         candidate_size=8, split_size=16)
     mine = torch.arange(8) + 8 * rank
-    sel.observe(mine, mine.float() + 1.0)                      # losses 1..16, mean 8.5
+    sel.observe(mine[:4], mine[:4].float() + 1.0)              # pending: gathered with the next
+    sel.observe(mine[4:], mine[4:].float() + 1.0)              # losses 1..16, mean 8.5
     # rank 0's candidates are all below the mean, rank 1's all above: rank 1 can prune none,
     # so the ranks observe batches of different sizes (the ragged all-gather)
     b = sel(None, torch.zeros(8, C), torch.zeros(8, dtype=torch.long), mine)
     sel.observe(b.indices, torch.full((b.indices.numel(),), 2.0))
+    sel.flush()
     np.save(f"{out}/rank{rank}.npy", np.stack([sel.loss.numpy(), sel.seen.numpy().astype(np.float32),
                                                np.full(16, b.images.shape[0])]))
     dist.destroy_process_group()

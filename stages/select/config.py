@@ -79,6 +79,8 @@ class SelectionConfig(BaseModel):
                          "candidate whose last training loss is below the mean (InfoBatch's r)")
     anneal: float = Field(0.875, ge=0, le=1, description="infobatch: fraction of training after "
                           "which nothing is pruned (the last steps see every sample)")
+    sync_every: int = Field(16, ge=1, description="infobatch: steps between all-gathers of the "
+                            "observed losses (1 = every step; the table is at most this stale)")
     options: dict[str, Any] = Field(default_factory=dict, description="knobs of a method "
                                     "registered outside Sluice (read by its build)")
 

@@ -3,7 +3,9 @@ data pruning"): no scoring pass. Each sample's loss from the last step that trai
 candidates whose stale loss is below the mean are skipped with probability ``prune``, and the
 well-learnt ones that stay are up-weighted so the step's gradient is unbiased for the whole
 candidate batch. Steps train fewer samples (the schedule is unchanged); pruning stops after
-``anneal`` of training, so the last steps see every sample."""
+``anneal`` of training, so the last steps see every sample. Observed losses are all-gathered
+every ``sync_every`` steps, not every step: the table holds losses from the last epoch anyway, a
+few steps' delay changes nothing, and a collective every step is a visible share of a short CPU step."""
 from __future__ import annotations
 
 import math
@@ -20,8 +22,8 @@ from sluice.stages.select.collectives import all_gather_1d
 class InfoBatchSelector(BaseSelector):
     """InfoBatch's pruning over a training stage's candidate batches (no scoring pass).
 
-    ``observe`` keeps every sample's latest training loss (all-gathered, so every rank holds the
-    same table). At each step ``n_drop = round(prune * f * n_B)`` candidates are dropped, where
+    ``observe`` keeps every sample's latest training loss (all-gathered every ``sync_every``
+    calls, so every rank holds the same table; ``flush`` gathers what is pending). At each step ``n_drop = round(prune * f * n_B)`` candidates are dropped, where
     ``f`` is the share of the split whose loss is known and below the mean: the same count on
     every rank, so DDP ranks do equal work (a rank with too few below-mean candidates prunes
     fewer; one of them always stays). They are drawn uniformly from this rank's
@@ -43,13 +45,20 @@ class InfoBatchSelector(BaseSelector):
         self.loss = torch.zeros(self.n, dtype=torch.float32)
         self.seen = torch.zeros(self.n, dtype=torch.bool)
         self.progress = 0.0
+        self.sync_every = config.sync_every
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # observed, not yet gathered
+        self._pending_calls = 0
         self._mean, self._below = math.inf, 0.0  # recomputed after each observe
 
     def set_progress(self, fraction: float) -> None:
         self.progress = float(fraction)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "loss": self.loss.clone(), "seen": self.seen.clone()}
+        # this rank's pending observations travel too (no collective here), so a resumed run
+        # gathers them at the same step as the uninterrupted one
+        idx, val = self._pending_tensors()
+        return {**super().state_dict(), "loss": self.loss.clone(), "seen": self.seen.clone(),
+                "pending_index": idx, "pending_loss": val, "pending_calls": self._pending_calls}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -57,6 +66,10 @@ class InfoBatchSelector(BaseSelector):
             raise SelectionError(f"infobatch state is for {state['loss'].numel()} samples, this "
                                  f"split has {self.n}")
         self.loss, self.seen = state["loss"].clone(), state["seen"].clone()
+        self._pending = []
+        self._pending_calls = int(state.get("pending_calls", 0))
+        if state.get("pending_index") is not None and state["pending_index"].numel():
+            self._pending = [(state["pending_index"].clone(), state["pending_loss"].clone())]
         self._refresh()
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
@@ -85,14 +98,31 @@ class InfoBatchSelector(BaseSelector):
                              w.to(images.device) if n_drop else None, stats)
 
     def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
-        indices = all_gather_1d(indices.detach(), ragged=True)
-        losses = all_gather_1d(losses.detach().float(), ragged=True)
-        idx, val = indices.cpu(), losses.cpu()
-        if not torch.isfinite(val).all():
+        losses = losses.detach().float().cpu()
+        if not torch.isfinite(losses).all():
             raise SelectionError("infobatch got NaN/inf losses to observe")
-        self.loss[idx] = val
+        self._pending.append((indices.detach().cpu().to(torch.int64), losses))
+        self._pending_calls += 1
+        if self._pending_calls >= self.sync_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Gather every rank's pending observations into the table (a collective under DDP:
+        every rank calls it at the same step, as ``observe`` does after ``sync_every`` calls)."""
+        idx, val = self._pending_tensors()
+        self._pending, self._pending_calls = [], 0
+        idx, val = idx.to(torch.float64), val.to(torch.float64)
+        # one ragged all-gather of (index, loss) pairs; float64 holds indices exactly below 2**53
+        both = all_gather_1d(torch.stack([idx, val], 1).reshape(-1), ragged=True).reshape(-1, 2)
+        idx = both[:, 0].to(torch.int64)
+        self.loss[idx] = both[:, 1].float()
         self.seen[idx] = True
         self._refresh()
+
+    def _pending_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._pending:
+            return torch.zeros(0, dtype=torch.int64), torch.zeros(0)
+        return torch.cat([i for i, _ in self._pending]), torch.cat([v for _, v in self._pending])
 
     def _refresh(self) -> None:
         known = self.loss[self.seen]
