@@ -4,10 +4,12 @@ each of its variants; Sluice is compared with the fastest of them (the strongest
 
 Accounting (the same for every arm):
 * a run's time to a target is the wall clock from its start to the first evaluation on the test
-  split at or above the target. For Sluice, the start is the ``nightly-retrain`` flow's start
-  (Prefect's embedded API is started once beforehand and reported on its own): sharding all
-  70,000 images into a fresh data root, IL-model training where a method needs it, torchrun's
-  start-up, loading, training and every evaluation count. For the baseline, the start is the
+  split at or above the target. For Sluice, the start is the launch of a fresh process
+  (``benchmarks.sluice_once``) that runs the ``nightly-retrain`` flow, less the time it took to
+  start Prefect's embedded API (reported on its own): Python, torch and Prefect start-up,
+  sharding all 70,000 images into a fresh data root (FFCV's JIT compile included), IL-model
+  training where a method needs it, torchrun's start-up, loading, training and every
+  evaluation count. For the baseline, the start is the
   launch of its process: Python and torch start-up, decoding the data, training and its
   evaluations count.
 * every arm evaluates once an epoch, and at the end;
@@ -33,6 +35,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -114,20 +117,21 @@ def sluice_config(overrides: dict[str, Any], epochs: float, seed: int, root: Pat
 
 
 def run_sluice(overrides: dict[str, Any], epochs: float, seed: int) -> dict[str, Any]:
-    import sluice.flows.nightly as fl
+    """One run in a fresh process (``benchmarks.sluice_once``), timed from that process's start
+    as the baseline's is from its own: start-up and cold costs count, the embedded API does not."""
     root = Path(tempfile.mkdtemp(prefix="sluice-tta-"))
     try:
-        res = fl.nightly(sluice_config(overrides, epochs, seed, root))
-        metrics = Path(res["run_dir"]) / "metrics.jsonl"
-        evals = [json.loads(x)["eval"] for x in metrics.read_text().splitlines() if x.startswith('{"eval"')]
-        t0 = res["started_at"]
-        steps = max(e["step"] for e in evals)
-        return {"evals": [{"epoch": epochs * e["step"] / steps, "acc": e["acc"], "wall_s": e["wall_time"] - t0}
-                          for e in evals],
-                "wall_s": time.time() - t0, "final_acc": evals[-1]["acc"],
-                "shard_s": res["dataset"]["seconds"], "train_wall_s": res["train"]["wall_s"],
-                "amp": res["train"]["summary"].get("amp"),  # as resolved on this host (auto: bf16 where native)
-                "promotion": {k: res["promotion"].get(k) for k in ("eval_split", "candidate_value")}}
+        cmd = [sys.executable, "-m", "benchmarks.sluice_once",
+               json.dumps(sluice_config(overrides, epochs, seed, root))]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600,
+                             cwd=Path(__file__).resolve().parents[1])
+        if out.returncode != 0:
+            raise RuntimeError(f"sluice run failed:\n{out.stderr[-3000:]}")
+        r = json.loads([x for x in out.stdout.splitlines() if x.startswith('{"evals"')][-1])
+        steps = max(e["step"] for e in r["evals"])
+        r["evals"] = [{"epoch": epochs * e["step"] / steps, "acc": e["acc"], "wall_s": e["wall_s"]}
+                      for e in r["evals"]]
+        return r
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -213,6 +217,12 @@ class Bench:
         return self.result
 
 
+def api_start_s(result: dict[str, Any]) -> float | None:
+    """The median time a Sluice run took to start Prefect's embedded API (not counted)."""
+    api = [r["api_s"] for a in result["arms"].values() for r in a["runs"] + a["sweep"] if "api_s" in r]
+    return statistics.median(api) if api else None
+
+
 def probe_baseline_settings() -> dict[str, Any]:
     """The baseline's fastest settings on this host: threads x memory layout x precision (fp32,
     and bf16 autocast where the CPU computes bf16 natively, as Sluice's ``amp: auto`` would), by
@@ -254,8 +264,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.time()
     settings = probe_baseline_settings() if set(args.arms) & set(BASELINES) else {"chosen": {}}
     print(f"baseline settings: {settings['chosen']}", flush=True)
-    from benchmarks.pipeline import start_embedded_api
-    api_s = start_embedded_api() if any(a not in BASELINES for a in args.arms) else 0.0
+    # one Prefect home for the runs' embedded APIs (each run starts its own, untimed)
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="sluice-tta-prefect-"))
     budgets = {a: args.baseline_epochs if a in BASELINES else args.sluice_epochs for a in args.arms}
     bench = Bench(args.arms, args.seeds, budgets, settings["chosen"])
     print("sweep (seed 0, growing budgets):", flush=True)
@@ -264,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bench.measure()
     result = {**about, **bench.finish(), "targets": list(TARGETS), "seeds": args.seeds,
               "mode": "quick" if args.quick else "full", "baseline_settings": settings,
-              "prefect_embedded_api_start_s": api_s, "total_s": time.time() - t0,
+              "prefect_embedded_api_start_s": api_start_s(bench.result), "total_s": time.time() - t0,
               "load_average_end": load_average()}
     rows = []
     for arm, a in result["arms"].items():
