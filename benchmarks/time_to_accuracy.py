@@ -72,7 +72,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "sluice -channels-last": {"train": {"channels_last": False}},
     "sluice 1 rank x 2 threads": {"nproc": 1, "train": {"torch_threads": 2}},
     "sluice +holdout kept": {"prepare": {"ingest": {"holdout_fraction": 0.1}}},
-    "sluice +infobatch": {"selection": {"method": "infobatch"}},
+    "sluice -infobatch": {"selection": {"method": "none"}},
     # half the steps for the same samples (lr_reference_batch scales the lr with the batch)
     "sluice +batch 128 per rank": {"train": {"batch_size": 128}},
 }
