@@ -48,7 +48,7 @@ def _default_train() -> TrainConfig:
     # biases (compute.build_optimizer), flip test-time augmentation, fp32 where the CPU has no
     # native bf16, channels-last, one single-threaded rank per core, no compression (two ranks on
     # one host gain nothing from it). No label smoothing: with it, 5 epochs ended 0.13 points
-    # lower (benchmarks/results/time_to_accuracy_ablation.json, 3 seeds). 5.5 epochs: with
+    # lower (time_to_accuracy_ablation.json at commit f5bac5e, 3 seeds). 5.5 epochs: with
     # InfoBatch on (_default_selection), the smallest budget whose seed-0 run reached 93%
     # (benchmarks/results/time_to_accuracy.json, arm "sluice +infobatch").
     return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=64, lr=0.2, lr_reference_batch=256,
