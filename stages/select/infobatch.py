@@ -23,7 +23,8 @@ class InfoBatchSelector(BaseSelector):
     """InfoBatch's pruning over a training stage's candidate batches (no scoring pass).
 
     ``observe`` keeps every sample's latest training loss (all-gathered every ``sync_every``
-    calls, so every rank holds the same table; ``flush`` gathers what is pending). At each step ``n_drop = round(prune * f * n_B)`` candidates are dropped, where
+    calls, so every rank holds the same table; ``flush`` gathers what is pending). At each step
+    ``n_drop = round(prune * f * n_B)`` candidates are dropped, where
     ``f`` is the share of the split whose loss is known and below the mean: the same count on
     every rank, so DDP ranks do equal work (a rank with too few below-mean candidates prunes
     fewer; one of them always stays). They are drawn uniformly from this rank's
@@ -45,10 +46,9 @@ class InfoBatchSelector(BaseSelector):
         self.loss = torch.zeros(self.n, dtype=torch.float32)
         self.seen = torch.zeros(self.n, dtype=torch.bool)
         self.progress = 0.0
-        self.sync_every = config.sync_every
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # observed, not yet gathered
         self._pending_calls = 0
-        self._mean, self._below = math.inf, 0.0  # recomputed after each observe
+        self._mean, self._below = math.inf, 0.0  # recomputed after each flush
 
     def set_progress(self, fraction: float) -> None:
         self.progress = float(fraction)
@@ -103,7 +103,7 @@ class InfoBatchSelector(BaseSelector):
             raise SelectionError("infobatch got NaN/inf losses to observe")
         self._pending.append((indices.detach().cpu().to(torch.int64), losses))
         self._pending_calls += 1
-        if self._pending_calls >= self.sync_every:
+        if self._pending_calls >= self.config.sync_every:
             self.flush()
 
     def flush(self) -> None:
