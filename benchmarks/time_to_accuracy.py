@@ -64,7 +64,7 @@ BASELINES: dict[str, list[str]] = {
 # out (-) or added (+); the added ones are candidates that did not make the default.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "sluice": {},
-    "sluice +ema": {"train": {"ema_decay": 0.995}},
+    "sluice -ema": {"train": {"ema_decay": None}},
     "sluice +translate": {"augment": {"ops": [{"op": "translate", "pad": 2}, {"op": "flip"}]}},
     "sluice -flip tta": {"train": {"eval_tta": "none"}},
     "sluice +label smoothing": {"train": {"label_smoothing": 0.1}},
