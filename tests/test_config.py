@@ -22,6 +22,13 @@ def test_a_partial_section_changes_only_what_it_names(tmp_path):
     assert c.augment == default.augment
 
 
+def test_null_turns_a_default_technique_off():
+    assert PipelineConfig().train.ema_decay == 0.995  # the measured default evaluates an EMA
+    c = load_config(PipelineConfig, None, ["train.ema_decay=null", "selection.method=none"])
+    assert c.train.ema_decay is None and c.selection.method == "none"
+    assert c.train.eval_tta == PipelineConfig().train.eval_tta  # the rest stays the default
+
+
 def test_python_yaml_and_dumped_configs_agree(tmp_path):
     c = PipelineConfig.model_validate({"train": {"max_steps": 7}})
     assert PipelineConfig.model_validate(c.model_dump(mode="json")) == c
