@@ -28,6 +28,9 @@ under another name:
 
     python -m benchmarks.time_to_accuracy --arms sluice 'sluice -flip tta' ... --sluice-epochs B \
         --name time_to_accuracy_ablation
+
+A candidate for the default is measured beside the default and the baseline (each with its own
+sweep) into ``--name time_to_accuracy_candidates``; the README shows that file as its own table.
 """
 from __future__ import annotations
 
@@ -255,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--baseline-epochs", type=float, nargs="+", default=[5, 6, 7, 8])
     ap.add_argument("--sluice-epochs", type=float, nargs="+", default=[4, 5, 6, 7, 8])
     ap.add_argument("--name", default="time_to_accuracy",
-                    help="results file name (an ablation run at the default's budget: time_to_accuracy_ablation)")
+                    help="results file name (an ablation run at the default's budget: time_to_accuracy_ablation; "
+                         "a candidate beside the default and the baseline: time_to_accuracy_candidates)")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.arms = [0], [*BASELINES, "sluice"]

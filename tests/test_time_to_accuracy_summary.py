@@ -52,3 +52,16 @@ def test_a_sluice_that_misses_on_most_seeds_misses_the_goal(monkeypatch):
     assert res["arms"][s]["summary"]["0.93"]["median"] is None
     assert res["arms"][s]["ratio_to_baseline_93"] is None
     assert not res["goals"]["sluice_93_in_at_most_0.5x_baseline"]["met"]
+
+
+def test_a_candidates_file_gets_its_own_table_citing_its_own_file(monkeypatch):
+    from benchmarks.report import candidates
+    (a, *_), s = list(tta.BASELINES), "sluice"
+    times = {(a, 5, k): 200.0 for k in range(3)} | {(s, 5, k): 180.0 for k in range(3)}
+    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
+    bench = tta.Bench([a, s], [0, 1, 2], {a: [5], s: [5]}, {})
+    bench.sweep()
+    bench.measure()
+    text = "\n".join(candidates({**bench.finish(), "seeds": [0, 1, 2]}))
+    assert text.startswith("#### Candidates for the default")
+    assert "`benchmarks/results/time_to_accuracy_candidates.json`" in text and "0.90×" in text
