@@ -70,7 +70,8 @@ def _default_augment() -> AugmentSpec:
 def _default_selection() -> SelectionConfig:
     # InfoBatch by default: no scoring pass and no IL model; it skips about a third of the
     # well-learnt samples after the first epoch, and reached 93% sooner than no selection
-    # (benchmarks/results/time_to_accuracy.json, arms "sluice" and "sluice +infobatch").
+    # (time_to_accuracy.json at commit 3602ff0, arms "sluice" and "sluice +infobatch"; today's
+    # file has it as the default's "sluice" against "sluice -infobatch").
     # RHO-LOSS did not pay for its IL model per run (benchmarks/selection.py); asking for it
     # gets a strong IL model: the dense-head SmallCNN, 10 epochs on the holdout (≈ 90% test
     # accuracy from 6k Fashion-MNIST samples; a weak IL model makes RHO-LOSS skip

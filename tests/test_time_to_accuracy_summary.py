@@ -19,16 +19,21 @@ def fake_run(times: dict[tuple[str, float, int], float | None]):
     return run
 
 
+def measured(monkeypatch, times, arms, budgets) -> dict:
+    """The benchmark's sweep, measured runs and summary over ``fake_run(times)``, seeds 0-2."""
+    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
+    bench = tta.Bench(arms, [0, 1, 2], budgets, {})
+    bench.sweep()
+    bench.measure()
+    return bench.finish()
+
+
 def test_ratio_is_to_the_fastest_baseline_and_a_miss_is_infinitely_slow(monkeypatch):
     a, b = list(tta.BASELINES)
     times = {(a, 5, 0): None, (a, 6, 0): 300.0, (a, 6, 1): 310.0, (a, 6, 2): 290.0,
              (b, 5, 0): 250.0, (b, 5, 1): 260.0, (b, 5, 2): None,
              ("sluice", 4, 0): 120.0, ("sluice", 4, 1): None, ("sluice", 4, 2): 125.0}
-    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
-    bench = tta.Bench([a, b, "sluice"], [0, 1, 2], {a: [5, 6], b: [5, 6], "sluice": [4, 5]}, {})
-    bench.sweep()
-    bench.measure()
-    res = bench.finish()
+    res = measured(monkeypatch, times, [a, b, "sluice"], {a: [5, 6], b: [5, 6], "sluice": [4, 5]})
     arms = res["arms"]
     assert arms[a]["budget_epochs"] == 6 and arms[b]["budget_epochs"] == 5 and arms["sluice"]["budget_epochs"] == 4
     assert [r["epochs"] for r in arms[a]["sweep"]] == [5, 6]          # seed 0's hit is reused, not rerun
@@ -44,11 +49,7 @@ def test_ratio_is_to_the_fastest_baseline_and_a_miss_is_infinitely_slow(monkeypa
 def test_a_sluice_that_misses_on_most_seeds_misses_the_goal(monkeypatch):
     (a, *_), s = list(tta.BASELINES), "sluice"
     times = {(a, 5, k): 200.0 for k in range(3)} | {(s, 4, 0): 80.0, (s, 4, 1): None, (s, 4, 2): None}
-    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
-    bench = tta.Bench([a, s], [0, 1, 2], {a: [5], s: [4]}, {})
-    bench.sweep()
-    bench.measure()
-    res = bench.finish()
+    res = measured(monkeypatch, times, [a, s], {a: [5], s: [4]})
     assert res["arms"][s]["summary"]["0.93"]["median"] is None
     assert res["arms"][s]["ratio_to_baseline_93"] is None
     assert not res["goals"]["sluice_93_in_at_most_0.5x_baseline"]["met"]
@@ -58,10 +59,6 @@ def test_a_candidates_file_gets_its_own_table_citing_its_own_file(monkeypatch):
     from benchmarks.report import candidates
     (a, *_), s = list(tta.BASELINES), "sluice"
     times = {(a, 5, k): 200.0 for k in range(3)} | {(s, 5, k): 180.0 for k in range(3)}
-    monkeypatch.setattr(tta.Bench, "run", fake_run(times))
-    bench = tta.Bench([a, s], [0, 1, 2], {a: [5], s: [5]}, {})
-    bench.sweep()
-    bench.measure()
-    text = "\n".join(candidates({**bench.finish(), "seeds": [0, 1, 2]}))
+    text = "\n".join(candidates({**measured(monkeypatch, times, [a, s], {a: [5], s: [5]}), "seeds": [0, 1, 2]}))
     assert text.startswith("#### Candidates for the default")
     assert "`benchmarks/results/time_to_accuracy_candidates.json`" in text and "0.90×" in text
