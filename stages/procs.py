@@ -1,4 +1,4 @@
-"""Process helpers shared by the stages that start other processes (shard pools, FFCV's writer,
+"""Process helpers shared by the stages that start other processes (shard pools, the .beton writer,
 DataLoader workers, torchrun): fork safely, never outlive the process that started you, and
 never wait forever on a worker that died."""
 from __future__ import annotations

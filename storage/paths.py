@@ -47,7 +47,7 @@ def filesystem(url: str | os.PathLike) -> tuple[fsspec.AbstractFileSystem, str]:
 
 # Async filesystems (s3fs) close their session from a finalizer that waits on their event-loop
 # thread. After a fork the child has no such thread, and fsspec drops its instance cache there,
-# so the child would run that finalizer and hang forever (our shard pool and FFCV writer, torch
+# so the child would run that finalizer and hang forever (our shard pool and .beton writer, torch
 # DataLoader workers). Holding every remote filesystem here keeps them alive in children.
 _KEEP: list[fsspec.AbstractFileSystem] = []
 

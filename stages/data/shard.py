@@ -7,7 +7,7 @@ so re-running with the same inputs is a no-op and new data gets a new version.
 
 Two passes keep indices stable while writing in parallel: a scan (``scan``) finds which samples
 are usable (quarantining the rest) and fixes every sample's split index; then shards are written
-by a pool of processes (``formats.tar``; FFCV's writer beside it, ``formats.ffcv``), each shard
+by a pool of processes (``formats.tar``; the .beton writer beside it, ``formats.ffcv``), each shard
 published atomically. A killed run resumes: finished shards are kept, and the manifest (written
 last) is what makes the artifact visible.
 """

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,8 +36,8 @@ def _visible(out: Path) -> list[Path]:
 
 @pytest.mark.drill("fault-disk-full")
 @pytest.mark.parametrize("size,formats,workers", [
-    ("1m", "[ffcv]", 1),  # FFCV's own worker process hits the full disk (it used to hang forever)
-    ("6m", "[webdataset,dali,ffcv]", 2),  # the tar pool and the FFCV writer side by side
+    ("1m", "[ffcv]", 1),  # the .beton writer hits the full disk (FFCV's own writer used to hang forever)
+    ("6m", "[webdataset,dali,ffcv]", 2),  # the tar pool and the .beton writer side by side
 ])
 def test_full_disk_fails_clearly_without_hanging(tmp_path, size, formats, workers):
     mark = marker()
@@ -90,11 +91,28 @@ def test_two_writers_on_one_output_make_one_complete_artifact(tmp_path):
     # once the first holds the version's lock (it writes who it is into the lock file)...
     lock = wait_until("the first writer's lock", lambda: [q for q in out.glob(".*.lock") if q.read_text()],
                       timeout=120, every=0.05)[0]
-    second = _start(SHARD + ["--out", str(out)], mark)  # ...the second starts on the same output
-    outs = [p.communicate(timeout=240) for p in (first, second)]
-    assert first.returncode == 0 and second.returncode == 0, [o[1][-2000:] for o in outs]
-    assert f"is being written by pid {first.pid}" in outs[1][1], outs[1][1][-2000:]  # it said whom it waits for
-    assert "up to date (nothing rewritten)" in outs[1][0]  # and then found the finished artifact
+    # ...it is held there (writing 6,000 samples takes about a second) while the second starts
+    # on the same output and says whom it waits for
+    os.kill(first.pid, signal.SIGSTOP)
+    said: list[str] = []
+    try:
+        second = _start(SHARD + ["--out", str(out)], mark)
+
+        def read_stderr() -> None:
+            for line in second.stderr:
+                said.append(line)
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        wait_until("the second writer to say whom it waits for",
+                   lambda: any(f"is being written by pid {first.pid}" in s for s in said), timeout=120, every=0.05)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    first_out = first.communicate(timeout=240)
+    second_stdout = second.stdout.read()
+    second.wait(timeout=240)
+    reader.join(10)
+    assert first.returncode == 0 and second.returncode == 0, (first_out[1][-2000:], "".join(said)[-2000:])
+    assert "up to date (nothing rewritten)" in second_stdout  # then it found the finished artifact
     art = open_artifact(out)
     art.verify()
     assert not list(out.rglob(".tmp-*")) and lock.read_text() == ""
@@ -108,7 +126,7 @@ def test_a_dead_shard_worker_fails_the_stage_instead_of_hanging(tmp_path):
                 "--set", "ingest.limit=12000", "--set", "shard.formats=[webdataset,dali]"], mark)
     pgid = os.getpgid(p.pid)
 
-    def pool_worker() -> int | None:  # a child of the stage in its process group: not FFCV's writer
+    def pool_worker() -> int | None:  # a child of the stage: a tar pool worker (no .beton here)
         for pid in pids_with(mark):
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
