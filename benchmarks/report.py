@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -122,12 +123,43 @@ def time_to_accuracy(d: dict[str, Any], name: str = "time_to_accuracy.json",
     ours = sorted({r["amp"] for a in d["arms"].values() for r in a["runs"] if r.get("amp")})
     if ours:
         lines += ["", f"Sluice's `amp: auto` resolved to {', '.join(ours)} on this host."]
+    lines += _where_the_time_goes(d)
     api = d.get("prefect_embedded_api_start_s")
     if api:
         when = "median of the runs" if fresh else "once per benchmark process"
         lines += ["", f"Not counted for Sluice: starting Prefect's embedded API ({api:.0f} s, {when}; "
                       "a deployment's runs use a server that is already up)."]
     lines += ["", provenance(d, name)]
+    return lines
+
+
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _where_the_time_goes(d: dict[str, Any]) -> list[str]:
+    """Each arm's fixed costs and its pace, from the evaluations' wall times (medians over its
+    seeds): what a faster default would have to cut."""
+    if not any(r.get("evals") for a in d["arms"].values() for r in a["runs"]):
+        return []
+    secs = lambda v: "—" if v is None else f"{v:.1f} s"  # noqa: E731 - not recorded, not "missed"
+    lines = ["", "Where the time goes (medians over each arm's seeds; the start-up and sharding columns "
+                 "are recorded for Sluice's runs only; an epoch's time includes its evaluation):", "",
+             "| arm | start-up (imports) | sharding | first evaluation (after epoch 1) | each later epoch |",
+             "|---|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        runs = a["runs"]
+        first = _median([r["evals"][0]["wall_s"] for r in runs if r.get("evals")])
+        later = _median([y["wall_s"] - x["wall_s"] for r in runs for x, y in zip(r.get("evals", []), r.get("evals", [])[1:])
+                         if abs(y["epoch"] - x["epoch"] - 1) < 0.01])
+        lines.append(f"| {arm} | {secs(_median([r.get('startup_s') for r in runs]))} | "
+                     f"{secs(_median([r.get('shard_s') for r in runs]))} | {secs(first)} | {secs(later)} |")
+    strongest = (d.get("strongest_baseline") and d["arms"].get(d["strongest_baseline"])) or None
+    base93 = strongest and strongest["summary"]["0.93"]["median"]
+    if base93:
+        lines += ["", f"The ≤ 0.5× goal asks for 93% by {0.5 * base93:.0f} s: half the strongest baseline's "
+                      f"median ({base93:.0f} s)."]
     return lines
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import table, timer, write_result
+from benchmarks.hostinfo import describe_run, load_average
 
 
 def _dir_bytes(path: Path) -> int:
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--limit", type=int, default=None, help="samples per source split (default: all 70,000)")
     args = ap.parse_args(argv)
+    provenance = describe_run("benchmarks.shard", argv)
     repeats = args.repeats or (1 if args.quick else 3)
     workers = os.cpu_count() or 1
     imgs, labels = load_fmnist(args.limit)
@@ -119,9 +121,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(rows, ["name", "samples", "seconds", "samples_per_s", "MB", "MB_per_s"]))
     print(f"\nsluice (all formats) {ours:.1f} s vs raw writers' sum {raw_sum:.1f} s: "
           f"ratio {ours / raw_sum:.2f} (goal <= 1.0) -> {'MET' if ours <= raw_sum else 'NOT MET'}")
-    result = {"mode": "quick" if args.quick else "full", "repeats": repeats, "workers": workers, "rows": rows,
+    result = {**provenance, "mode": "quick" if args.quick else "full", "repeats": repeats, "workers": workers,
+              "rows": rows,
               "raw_sum_seconds": raw_sum, "sluice_all_seconds": ours, "ratio_to_raw_sum": ours / raw_sum,
-              "goal_met": ours <= raw_sum}
+              "goal_met": ours <= raw_sum, "load_average_end": load_average()}
     print(f"wrote {write_result('shard', result)}")
     return result
 

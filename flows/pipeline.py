@@ -53,8 +53,8 @@ def _default_train() -> TrainConfig:
     # (benchmarks/results/time_to_accuracy.json at commit 3602ff0, arm "sluice +infobatch").
     # Evaluating an EMA of the weights (decay 0.995): on top of InfoBatch it reached 93% sooner
     # on every seed in time_to_accuracy_ablation.json (commit bbb2fe8, arm "sluice +ema"), made
-    # no clear difference in time_to_accuracy.json (commit 448de38, arm "sluice -ema"); over the
-    # six paired seeds the median is 8 s in its favour.
+    # no clear difference in time_to_accuracy.json (commits 448de38 and 1fbd0d3, arm "sluice -ema");
+    # over the six paired seeds of the committed files (bbb2fe8, 1fbd0d3) the median is 8 s in its favour.
     return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=64, lr=0.2, lr_reference_batch=256,
                        momentum_cycle=(0.85, 0.95), warmup_fraction=0.25, weight_decay=5e-4,
                        ema_decay=0.995,

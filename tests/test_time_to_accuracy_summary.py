@@ -62,3 +62,26 @@ def test_a_candidates_file_gets_its_own_table_citing_its_own_file(monkeypatch):
     text = "\n".join(candidates({**measured(monkeypatch, times, [a, s], {a: [5], s: [5]}), "seeds": [0, 1, 2]}))
     assert text.startswith("#### Candidates for the default")
     assert "`benchmarks/results/time_to_accuracy_candidates.json`" in text and "0.90×" in text
+
+
+def test_where_the_time_goes_separates_fixed_costs_from_the_pace_of_an_epoch():
+    from benchmarks.report import time_to_accuracy
+    b, s = list(tta.BASELINES)[0], "sluice"
+
+    def run(seed, first, epoch, **extra):  # evaluations after epochs 1, 2, 3 and a last half epoch
+        evals = [{"epoch": 1.0, "acc": 0.9, "wall_s": first}, {"epoch": 2.0, "acc": 0.92, "wall_s": first + epoch},
+                 {"epoch": 3.0, "acc": 0.931, "wall_s": first + 2 * epoch},
+                 {"epoch": 3.5, "acc": 0.932, "wall_s": first + 2.5 * epoch}]
+        return {"seed": seed, "evals": evals, "final_acc": 0.932, **extra}
+
+    def arm(runs, median):
+        return {"budget_epochs": 3.5, "runs": runs, "final_acc_median": 0.932,
+                "summary": {"0.93": {"median": median, "min": median, "max": median, "misses": 0},
+                            "0.94": {"median": None, "min": None, "max": None, "misses": 3}}}
+    d = {"arms": {b: arm([run(k, 30.0 + k, 27.0) for k in range(3)], 84.0),
+                  s: arm([run(k, 36.0, 20.0 + k, startup_s=2.5 + k, shard_s=3.0) for k in range(3)], 77.0)},
+         "strongest_baseline": b, "seeds": [0, 1, 2]}
+    text = "\n".join(time_to_accuracy(d))
+    assert f"| {b} | — | — | 31.0 s | 27.0 s |" in text       # not recorded for the baseline: a dash
+    assert f"| {s} | 3.5 s | 3.0 s | 36.0 s | 21.0 s |" in text  # the last half epoch is not an epoch's pace
+    assert "93% by 42 s: half the strongest baseline's median (84 s)" in text
