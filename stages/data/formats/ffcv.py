@@ -3,9 +3,9 @@ written by ``formats.beton`` in a forked child beside the tar pool.
 
 ``formats.beton`` writes the bytes FFCV's own ``DatasetWriter`` would, without importing FFCV
 (~5 s of numba compilation in a fresh process) and without FFCV's worker processes (which it
-polls forever when one dies). The child leads its own process group and dies with the shard
-stage (``procs.die_with_parent``); the stage kills it on any error or Ctrl-C, so nothing is
-left writing after the stage has ended. A failure (a full disk, a sample that no longer
+polls forever when one dies). The child dies with the shard stage (``procs.die_with_parent``),
+and the stage kills it on any error or Ctrl-C, so nothing is left writing after the stage has
+ended. A failure (a full disk, a sample that no longer
 decodes) reaches the stage through a pipe (no file: the disk may be full).
 """
 from __future__ import annotations
