@@ -150,12 +150,13 @@ def _where_the_time_goes(d: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|"]
     for arm, a in d["arms"].items():
         runs = a["runs"]
-        first = _median([r["evals"][0]["wall_s"] for r in runs if r.get("evals")])
-        later = _median([y["wall_s"] - x["wall_s"] for r in runs for x, y in zip(r.get("evals", []), r.get("evals", [])[1:])
+        evals = [r.get("evals") or [] for r in runs]
+        first = _median([e[0]["wall_s"] for e in evals if e])
+        later = _median([y["wall_s"] - x["wall_s"] for e in evals for x, y in zip(e, e[1:])
                          if abs(y["epoch"] - x["epoch"] - 1) < 0.01])
         lines.append(f"| {arm} | {secs(_median([r.get('startup_s') for r in runs]))} | "
                      f"{secs(_median([r.get('shard_s') for r in runs]))} | {secs(first)} | {secs(later)} |")
-    strongest = (d.get("strongest_baseline") and d["arms"].get(d["strongest_baseline"])) or None
+    strongest = d["arms"].get(d.get("strongest_baseline") or "")
     base93 = strongest and strongest["summary"]["0.93"]["median"]
     if base93:
         lines += ["", f"The ≤ 0.5× goal asks for 93% by {0.5 * base93:.0f} s: half the strongest baseline's "

@@ -193,7 +193,7 @@ def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequen
     metadata = np.zeros(count, dtype=meta_type)
     meta_start = HEADER.itemsize + descriptors.nbytes
     pages = _Pages(fp, meta_start + metadata.nbytes, page_size)
-    names = meta_type.names
+    columns = [metadata[name] for name in meta_type.names]
     written = 0
     for n, values in enumerate(samples):
         if n >= count:
@@ -201,8 +201,8 @@ def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequen
         pages.sample = n
         for attempt in (0, 1):
             try:
-                for name, field, value in zip(names, kinds, values):
-                    field.encode(metadata[name][n:n + 1], value, pages.malloc)
+                for column, field, value in zip(columns, kinds, values):
+                    field.encode(column[n:n + 1], value, pages.malloc)
                 break
             except _Retry:
                 if attempt:

@@ -5,8 +5,8 @@ written by ``formats.beton`` in a forked child beside the tar pool.
 (~5 s of numba compilation in a fresh process) and without FFCV's worker processes (which it
 polls forever when one dies). The child dies with the shard stage (``procs.die_with_parent``),
 and the stage kills it on any error or Ctrl-C, so nothing is left writing after the stage has
-ended. A failure (a full disk, a sample that no longer
-decodes) reaches the stage through a pipe (no file: the disk may be full).
+ended. A failure (a full disk, a sample that no longer decodes) reaches the stage through a
+pipe (no file: the disk may be full).
 """
 from __future__ import annotations
 
