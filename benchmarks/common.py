@@ -37,10 +37,10 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     from sluice.storage.atomic import write_json
     RESULTS.mkdir(parents=True, exist_ok=True)
-    from benchmarks.hostinfo import cpu, git_commit, load_average
+    from benchmarks.hostinfo import cpu, git_commit, host_class_record, load_average
     payload = {**payload, "_meta": {"when": datetime.now(timezone.utc).isoformat(), "commit": git_commit(),
-                                    "host": cpu(), "host_cores": cpu()["cores"], "load_average": load_average(),
-                                    "python": platform.python_version()}}
+                                    "host": cpu(), "host_cores": cpu()["cores"], **host_class_record(),
+                                    "load_average": load_average(), "python": platform.python_version()}}
     path = RESULTS / f"{name}.json"
     write_json(path, payload)
     return path

@@ -39,6 +39,41 @@ def cpu() -> dict[str, Any]:
             "flags": sorted(f for f in FLAGS_OF_INTEREST if f in flags)}
 
 
+# environment variables that make PyTorch use an older CPU's kernels (an AVX2 host simulated)
+SIMULATION_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def host_class_record() -> dict[str, Any]:
+    """The host class a run was measured on (``sluice.stages.host``) and whether it was the CPU's
+    own or simulated on a newer one through ``SIMULATION_ENV``."""
+    from sluice.stages.host import cpu_class
+    env = {k: os.environ[k] for k in SIMULATION_ENV if os.environ.get(k)}
+    return {"host_class": cpu_class(), "host_class_simulated": env or None}
+
+
+def class_tag() -> str:
+    """This run's host class for a results file's name: ``avx2``, ``avx512_bf16``, ...; with
+    ``-simulated`` where ``SIMULATION_ENV`` made a newer CPU act as an older one."""
+    rec = host_class_record()
+    return rec["host_class"] + ("-simulated" if rec["host_class_simulated"] else "")
+
+
+def class_of(record: dict[str, Any]) -> str:
+    """A results file's host class: as recorded, else (files written before it was) from the
+    recorded CPU flags, the same rule as ``sluice.stages.host.cpu_class``."""
+    for where in (record, record.get("_meta", {})):
+        if where.get("host_class"):
+            sim = where.get("host_class_simulated")
+            return where["host_class"] + (" (simulated)" if sim else "")
+    host = record.get("host") or record.get("_meta", {}).get("host") or {}
+    if "flags" not in host:
+        return "not recorded"
+    flags = set(host["flags"])
+    if "amx_tile" in flags or "amx_bf16" in flags:
+        return "amx"
+    return "avx512_bf16" if "avx512_bf16" in flags else "avx2"
+
+
 def load_average() -> list[float]:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -51,4 +86,4 @@ def describe_run(module: str, argv: list[str] | None = None) -> dict[str, Any]:
     args = sys.argv[1:] if argv is None else argv
     return {"command": " ".join(["python -m", module, *map(shlex.quote, args)]),
             "commit": git_commit(), "host": {**cpu(), "python": platform.python_version()},
-            "load_average_start": load_average()}
+            **host_class_record(), "load_average_start": load_average()}

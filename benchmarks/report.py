@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks.hostinfo import class_of
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
@@ -60,7 +62,7 @@ def provenance(d: dict[str, Any], name: str) -> str:
         parts.append("commit not recorded")
     if host:
         flags = ", ".join(host.get("flags", [])) or "no AVX512/AMX"
-        parts.append(f"{host.get('model', '?')} ({flags}), {host.get('cores', '?')} cores")
+        parts.append(f"host class **{class_of(d)}**: {host.get('model', '?')} ({flags}), {host.get('cores', '?')} cores")
     else:
         meta = d.get("_meta") or {}
         parts.append(f"host not recorded ({meta.get('host_cores', '?')} cores, {meta.get('when', 'undated')})")
@@ -424,6 +426,48 @@ def shard_order(d: dict[str, Any]) -> list[str]:
     return lines
 
 
+def tiny_budget(d: dict[str, Any], name: str) -> list[str]:
+    runs = d["runs"]
+    return [f"#### A tiny budget learns ({class_of(d)})", "",
+            "The deployment test's config (1,500 samples, RHO-LOSS, 20 steps of 32 per rank on 2 ranks) "
+            f"with the default recipe: validation accuracy median {_pct(d['median_val_acc'])} "
+            f"({_pct(d['min_val_acc'])}–{_pct(d['max_val_acc'])}, {len(runs)} seeds), test "
+            f"{_pct(d['median_test_acc'])}; chance is 10%. Trained as: {runs[0].get('host') or 'not recorded'}.",
+            "", provenance(d, name)]
+
+
+def host_layout(d: dict[str, Any], name: str) -> list[str]:
+    lines = [f"#### Trainer throughput per rank layout ({class_of(d)})", "",
+             "| ranks x threads, batch per rank | samples/s: median (min–max) |", "|---|---|"]
+    for row in d["summary"]:
+        lines.append(f"| {row['layout']} | {row['median samples/s']:,.0f} ({row['min']:,.0f}–{row['max']:,.0f}) |")
+    return lines + ["", provenance(d, name)]
+
+
+# results files written once per host class: <stem>-<class>.json
+PER_CLASS: list[tuple[str, Callable[[dict[str, Any], str], list[str]]]] = [
+    ("tiny_budget", tiny_budget), ("host_layout", host_layout)]
+
+
+def host_classes() -> list[str]:
+    """Which host class each results file was measured on, and which goals one class only."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted(RESULTS.glob("*.json")):
+        d = json.loads(p.read_text())
+        seen.setdefault(class_of(d), []).append(p.name)
+    lines = ["#### Host classes", "",
+             "Settings and speed differ between CPUs that compute bf16 natively (`avx512_bf16`, `amx`) "
+             "and those that do not (`avx2`); every block's source line names its class.", ""]
+    for cls, names in sorted(seen.items()):
+        lines.append(f"- **{cls}**: " + ", ".join(f"`{n}`" for n in names))
+    for stem in ("time_to_accuracy", "demo"):
+        classes = sorted(c for c, names in seen.items() if f"{stem}.json" in names
+                         or any(n.startswith(f"{stem}-") for n in names))
+        if len(classes) == 1:
+            lines.append(f"- `{stem}`'s goals were measured on **{classes[0]}** only.")
+    return lines
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("time_to_accuracy.json", time_to_accuracy), ("time_to_accuracy_candidates.json", candidates),
     ("time_to_accuracy_ablation.json", ablation), ("demo.json", demo), ("selection.json", selection),
@@ -435,13 +479,17 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
 
 
 def render() -> str:
-    blocks = []
+    blocks = ["\n".join(host_classes())]
     for name, fn in SECTIONS:
         d = _load(name)
         if d is not None:
             lines = fn(d)
             if lines:
                 blocks.append("\n".join(lines))
+    for stem, fn in PER_CLASS:
+        for p in sorted(RESULTS.glob(f"{stem}-*.json")):
+            if not p.stem.endswith("_quick"):
+                blocks.append("\n".join(fn(json.loads(p.read_text()), p.name)))
     return "\n\n".join(blocks) + "\n"
 
 

@@ -51,6 +51,9 @@ def _print_outcome(cfg, result: dict) -> None:
           f"{'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
     if champ:
         print(f"champion         : {champ.model_id} {champ.metric} {champ.value:.4f}")
+    host = result.get("train", {}).get("summary", {}).get("host")
+    if host:
+        print(f"trained on       : {host}")
     print("=" * 72)
 
 
@@ -70,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 # so a first run ends well within 3 minutes on a 2-core CPU above 92% (`benchmarks.demo`
 # measures it); `--set train.epochs=5.5` gives the nightly recipe.
 DEMO_BASE = {"train": {"epochs": 3.5}}
+HOST_NOTE = "host class: precision, ranks x threads, batch per rank; an explicit --set wins"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -80,6 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard{il} -> train {cfg.train.model}{sel} "
           f"for {cfg.train.epochs:g} epochs on {cfg.ranks()} ranks{comm} -> evaluate -> promote on "
           f"{cfg.promotion.eval_split}), data under {Path(cfg.data_root).resolve()}", flush=True)
+    print(f"resolved for this host ({HOST_NOTE}): {cfg.resolved_for_host()}", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))
     return 0

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sluice.flows.config import merge
 from sluice.stages.data.config import PrepareConfig
+from sluice.stages.compute import resolve_amp
+from sluice.stages.host import defaults_for, describe, host_class
 from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Flip, Normalize
 from sluice.stages.load.specs import ArtifactData
@@ -55,8 +57,11 @@ def _default_train() -> TrainConfig:
     # on every seed in time_to_accuracy_ablation.json (commit bbb2fe8, arm "sluice +ema"), made
     # no clear difference in time_to_accuracy.json (commits 448de38 and 1fbd0d3, arm "sluice -ema");
     # over the six paired seeds of the committed files (bbb2fe8, 1fbd0d3) the median is 8 s in its favour.
+    # warmup_min_steps=100: a 20-step run warming up to the full peak diverged and ended at chance;
+    # bounded, it learns (benchmarks/results/tiny_budget-*.json); runs over 400 steps are unchanged.
     return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=64, lr=0.2, lr_reference_batch=256,
-                       momentum_cycle=(0.85, 0.95), warmup_fraction=0.25, weight_decay=5e-4,
+                       momentum_cycle=(0.85, 0.95), warmup_fraction=0.25, warmup_min_steps=100,
+                       weight_decay=5e-4,
                        ema_decay=0.995,
                        label_smoothing=0.0, eval_tta="flip", schedule="onecycle", amp="auto",
                        channels_last=True, normalize_mean=[0.2860], normalize_std=[0.3530],
@@ -163,13 +168,22 @@ class PipelineConfig(BaseModel):
         """The number of training ranks ``nproc`` resolves to on this machine (per node with
         ``launch.nodes``: auto takes the fewest cores a node is pinned to)."""
         if self.nproc == "auto":
+            per_rank = defaults_for("cpu").threads_per_rank
             pinned = [n.core_count() for n in self.launch.nodes]
             if pinned and None not in pinned:
-                return max(1, min(pinned))
-            return max(1, os.cpu_count() or 1)
+                return max(1, min(pinned) // per_rank)
+            return max(1, (os.cpu_count() or 1) // per_rank)
         if self.nproc < 1:
             raise ValueError("nproc must be >= 1 or 'auto'")
         return self.nproc
+
+    def resolved_for_host(self) -> str:
+        """What a local CPU run of this config resolves to on this host, in one line
+        ("avx2: fp32, 2 ranks x 1 thread, 64 per rank"); explicit settings are shown as given."""
+        ranks = self.ranks()
+        threads = self.train.torch_threads or max(1, (os.cpu_count() or 1) // ranks)
+        return describe(host_class("cpu"), resolve_amp(self.train.amp, "cpu"), ranks, threads,
+                        self.train.batch_size)
 
     # where things live
     def dataset_dir(self) -> Path:

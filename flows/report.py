@@ -117,6 +117,7 @@ def markdown_summary(s: dict[str, Any]) -> str:
     lines += ["", "## Training",
               f"- **{t.get('steps', 0)} steps** on {t.get('world_size', 1)} ranks "
               f"(stopped by {t.get('stopped_by', 'n/a')}), comm `{t.get('comm', 'none')}`, amp `{t.get('amp', 'n/a')}`",
+              f"- resolved for the host: {t.get('host', 'n/a')}",
               f"- final evaluation accuracy **{_f(t.get('final_acc'))}** on `{t.get('eval_split', 'test')}`"
               + (f" ({len(evals)} evaluation{'s' if len(evals) != 1 else ''} during training)" if evals else ""),
               f"- loader throughput {_f(t.get('samples_per_s'), '.0f')} samples/s, waiting for data "

@@ -10,32 +10,30 @@ else fp32. An explicit "bf16", "fp16" or "none" is always honoured.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Literal, Sequence
 
 import torch
 
 from sluice.errors import ConfigError
+from sluice.stages.host import HOST_DEFAULTS, cpu_class
 
 AmpMode = Literal["auto", "none", "bf16", "fp16"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 
 
-@functools.cache  # asked on every forward pass by some callers; the CPU does not change
 def cpu_has_fast_bf16() -> bool:
-    """True when this CPU has native bf16 arithmetic (AVX512-bf16 or AMX)."""
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
+    """True when this CPU has native bf16 arithmetic (AVX512-bf16 or AMX) that PyTorch uses."""
+    return cpu_class() in ("amx", "avx512_bf16")
 
 
 def resolve_amp(amp: str, device: torch.device | str = "cpu") -> str:
-    """The concrete autocast mode ("none", "bf16" or "fp16") for ``amp`` on ``device``."""
+    """The concrete autocast mode ("none", "bf16" or "fp16") for ``amp`` on ``device``: "auto"
+    takes the precision measured best on the device's host class (``sluice.stages.host``)."""
     if amp != "auto":
         return amp
-    kind = torch.device(device).type
-    if kind == "cuda":
+    if torch.device(device).type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if kind == "cpu" and cpu_has_fast_bf16() else "none"
+    return HOST_DEFAULTS[cpu_class()].amp
 
 
 def autocast(amp: str, device: torch.device | str) -> contextlib.AbstractContextManager:

@@ -96,7 +96,7 @@ def test_stop_on_two_ranks_resume_on_three_and_on_one_sample_exact(tmp_path, dat
     assert keep.resumed_from == 7 and keep.steps == 30 and keep.summary["world_size"] == 3
     assert len(set(keep.summary["param_digests"])) == 1
     assert samples(tmp_path / "keep", 0) == epoch0  # none twice, none skipped
-    assert all(by_step(keep, "lr")[s] == pytest.approx(lr_at(schedule, (s - 1) / 30), rel=1e-12)
+    assert all(by_step(keep, "lr")[s] == pytest.approx(lr_at(schedule, (s - 1) / 30, 30), rel=1e-12)
                for s in range(8, 31))  # the schedule goes on where it stopped
     # the InfoBatch loss table crossed over: the first resumed step prunes against its mean
     assert by_step(keep, "select/ib_mean_loss")[8] == pytest.approx(table_mean, rel=1e-6)
@@ -105,8 +105,8 @@ def test_stop_on_two_ranks_resume_on_three_and_on_one_sample_exact(tmp_path, dat
     scale = launch(job(data, 2, resize="scale_global_batch"), nproc=1, out_dir=tmp_path / "scale", **QUIET)
     assert scale.resumed_from == 7 and scale.steps == 7 + 26 + 20  # 624 left of epoch 0, then 20 x 24
     assert samples(tmp_path / "scale", 0) == epoch0
-    assert by_step(scale, "lr")[8] == pytest.approx(0.5 * lr_at(schedule, 7 / 30), rel=1e-12)
-    assert by_step(scale, "lr")[9] == pytest.approx(0.5 * lr_at(schedule, 7.5 / 30), rel=1e-12)
+    assert by_step(scale, "lr")[8] == pytest.approx(0.5 * lr_at(schedule, 7 / 30, 30), rel=1e-12)
+    assert by_step(scale, "lr")[9] == pytest.approx(0.5 * lr_at(schedule, 7.5 / 30, 30), rel=1e-12)
     assert by_step(scale, "select/ib_mean_loss")[8] == pytest.approx(table_mean, rel=1e-6)
     assert scale.summary["stopped_by"] == "steps"
 

@@ -25,16 +25,18 @@ pytestmark = pytest.mark.slow
 
 
 def _tiny(data_root: Path, **over) -> dict:
-    cfg = {"data_root": str(data_root),
-           "prepare": {"ingest": {"limit": 1500}, "shard": {"shard_samples": 500, "workers": 1}},
-           "selection": {"method": "rho_loss", "ratio": 0.5, "il": {"epochs": 1}},
-           # lr 0.05 per 256 samples: the default recipe's 0.2 warms up over a quarter of the run,
-           # which for 20 steps is 5 steps, too steep to learn anything (val stayed at chance)
-           "train": {"max_steps": 20, "batch_size": 32, "lr": 0.05, "comm": {"mode": "powersgd", "start_iter": 5}},
-           "promotion": {"margin": 0.05}, "nproc": 2}
+    """The tiny config whose learning ``benchmarks.tiny_budget`` measures per host class (the
+    default recipe for 20 steps), on ``data_root``."""
+    from benchmarks.tiny_budget import TINY
+    cfg = {**json.loads(json.dumps(TINY)), "data_root": str(data_root)}
     for k, v in over.items():
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
     return cfg
+
+
+# Well under the lowest validation accuracy of the tiny config over seeds 0-4 on each host class
+# (benchmarks/results/tiny_budget-*.json); chance is 0.1.
+LEARNT = 0.4
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def test_deployment_runs_promote_cache_and_fail_safely(stack, tmp_path):
     assert state == "COMPLETED", out[-4000:]
     reg = Registry(data / "registry")
     champ = reg.champion()
-    assert champ is not None and 0.25 < champ.value <= 1.0   # it learnt something (chance: 0.1)
+    assert champ is not None and LEARNT < champ.value <= 1.0, champ.value
     shards_before = {p: p.stat().st_mtime_ns for p in (data / "datasets").rglob("*.tar")}
 
     # Unchanged data: Prefect serves the shard and IL results from its cache, nothing is re-sharded.

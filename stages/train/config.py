@@ -80,6 +80,11 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(5e-4, ge=0)
     schedule: Literal["constant", "linear", "onecycle"] = "onecycle"
     warmup_fraction: float = Field(0.1, ge=0, lt=1)  # linear warm-up; one-cycle peak position
+    warmup_min_steps: int | None = Field(
+        None, ge=1, description="a step budget whose warm-up (warmup_fraction of it) is shorter "
+        "than this gets its peak lr lowered in proportion, so the lr never rises faster per step "
+        "(the pipeline's recipe: 100; a few dozen steps warming up to its full peak diverge); "
+        "None = the lr as given")
     clip_grad_norm: float | None = Field(None, gt=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     ema_decay: float | None = Field(None, gt=0, lt=1)  # evaluate an EMA of the weights

@@ -33,11 +33,13 @@ import torch.nn.functional as F
 from sluice.errors import NonFiniteLoss, TrainError
 from sluice.stages.compute import autocast, build_optimizer, channel_values, normalize_uint8, resolve_amp
 from sluice.stages.contracts import ResumableLoader, Selector
+from sluice.stages.host import describe, host_class
 from sluice.stages.models import build_model
 from sluice.stages.train.comm import build_hook, uncompressed_bytes
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context
 from sluice.stages.train.elastic import Resize, rank_part
+from sluice.stages.train.ema import build_ema
 from sluice.stages.train.evaluate import evaluate
 from sluice.stages.train.schedule import lr_at, momentum_at
 from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
@@ -139,9 +141,7 @@ class TrainingRun:
         self.scaler = torch.amp.GradScaler(self.d.device.type, enabled=cfg.amp == "fp16")
         self.ema = None
         if cfg.ema_decay:
-            from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-            self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay),
-                                     use_buffers=True)
+            self.ema = build_ema(self.model, cfg.ema_decay)
         self.prep = InputPrep(cfg, self.d.device)
         self.lr_scale = self._reference_lr_scale(self.d.world)
         self.full_bytes = uncompressed_bytes(self.model)
@@ -226,7 +226,7 @@ class TrainingRun:
     def train_step(self, it: Iterator[Any]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        lr = lr_at(cfg, self.progress()) * self.lr_scale
+        lr = lr_at(cfg, self.progress(), self.total_steps) * self.lr_scale
         momentum = momentum_at(cfg, self.progress())
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -313,7 +313,7 @@ class TrainingRun:
         where = f"; the last good checkpoint is {self.ckpt}" if self.ckpt and self.ckpt.exists() \
             else "; no checkpoint was written"
         raise NonFiniteLoss(f"loss became NaN/inf at step {self.step + 1} (lr "
-                            f"{lr_at(self.cfg, self.progress()) * self.lr_scale:.3g}){where}. Lower the lr, "
+                            f"{lr_at(self.cfg, self.progress(), self.total_steps) * self.lr_scale:.3g}){where}. Lower the lr, "
                             "enable clip_grad_norm, or check the data")
 
     # -- checkpoints, eval, logging ---------------------------------------------------------
@@ -469,6 +469,8 @@ class TrainingRun:
         summary: dict[str, Any] = {"world_size": self.d.world, "uncompressed_bytes": self.full_bytes,
                                    "elapsed_s": self.elapsed, "comm": self.cfg.comm.mode,
                                    "amp": self.cfg.amp,  # as resolved on this device
+                                   "host": describe(host_class(self.d.device), self.cfg.amp, self.d.world,
+                                                    torch.get_num_threads(), self.cfg.batch_size),
                                    "stopped_by": self.stopped_by(halted),
                                    "param_digests": self.digests()}
         if ms:
