@@ -17,7 +17,7 @@ test: setup
 
 bench: setup
 	@$(PY) -m pip install -q -e '.[bench]'
-	@for b in shard loader selection compression pipeline time_to_accuracy demo; do $(PY) -m benchmarks.$$b --quick || exit 1; done
+	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout; do $(PY) -m benchmarks.$$b --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache sluice-data

@@ -44,6 +44,12 @@ class PromotionConfig(BaseModel):
         return v
 
 
+def _device() -> str:
+    """The device a local training run will get (``train.device: auto``)."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _default_train() -> TrainConfig:
     # The measured default recipe (benchmarks/time_to_accuracy.py, README "Results"): the plain
     # BN CNN, one-cycle to lr 0.2 per 256 samples with momentum cycling, no decay on norms and
@@ -59,7 +65,9 @@ def _default_train() -> TrainConfig:
     # over the six paired seeds of the committed files (bbb2fe8, 1fbd0d3) the median is 8 s in its favour.
     # warmup_min_steps=100: a 20-step run warming up to the full peak diverged and ended at chance;
     # bounded, it learns (benchmarks/results/tiny_budget-*.json); runs over 400 steps are unchanged.
-    return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=64, lr=0.2, lr_reference_batch=256,
+    # Per-rank batch (like amp: auto and nproc: auto): the one measured best on this host's class.
+    return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=defaults_for(_device()).batch_per_rank,
+                       lr=0.2, lr_reference_batch=256,
                        momentum_cycle=(0.85, 0.95), warmup_fraction=0.25, warmup_min_steps=100,
                        weight_decay=5e-4,
                        ema_decay=0.995,

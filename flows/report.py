@@ -74,7 +74,7 @@ def chart_svg(series: dict[str, Points], title: str, y_label: str, *,
         if y_limits is not None:
             lo, hi = max(lo, y_limits[0]), min(hi, y_limits[1])
         ax.set_ylim(lo, hi)
-    elif y_limits is not None:
+    elif y_limits is not None and all(map(math.isfinite, y_limits)):  # no data: fixed limits only
         ax.set_ylim(*y_limits)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "sluice"}):
