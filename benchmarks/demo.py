@@ -4,7 +4,9 @@ its end, with the champion's test accuracy. Goal: >= 92% test accuracy in <= 3 m
 
     python -m benchmarks.demo [--quick] [--runs 3]
 
-Writes benchmarks/results/demo.json (quick: demo_quick.json, one run).
+Writes benchmarks/results/demo.json on an AVX512-bf16 host, demo-<host class>.json on any other
+(demo-avx2-simulated.json under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2); quick: ..._quick.json,
+one run.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import describe_run, load_average
+from benchmarks.hostinfo import class_tag, describe_run, load_average
 
 GOAL_ACC, GOAL_S = 0.92, 180.0
 
@@ -38,7 +40,9 @@ def one_run() -> dict[str, Any]:
             raise RuntimeError(f"sluice demo failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
         champ = Registry(root / "registry").champion()
         metrics = champ.metrics if champ else {}
-        return {"wall_s": wall, "test_acc": metrics.get("test", {}).get("acc"),
+        resolved = next((line.split(": ", 1)[1] for line in out.stdout.splitlines()
+                         if line.startswith("resolved for this host")), None)
+        return {"wall_s": wall, "test_acc": metrics.get("test", {}).get("acc"), "resolved": resolved,
                 "val_acc": metrics.get("val", {}).get("acc"), "load_average": la,
                 "train_steps": metrics.get("steps")}
     finally:
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     runs = [one_run() for _ in range(1 if args.quick else args.runs)]
     for r in runs:
-        print(f"  sluice demo: {r['wall_s']:.0f} s, champion test accuracy {r['test_acc']:.4f}", flush=True)
+        print(f"  sluice demo: {r['wall_s']:.0f} s, champion test accuracy {r['test_acc']:.4f} ({r['resolved']})",
+              flush=True)
     wall = statistics.median(r["wall_s"] for r in runs)
     acc = statistics.median(r["test_acc"] for r in runs)
     result = {**describe_run("benchmarks.demo", argv), "mode": "quick" if args.quick else "full",
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "max s": max(r["wall_s"] for r in runs), "median test acc": acc,
                   "goal met": result["goal"]["met"]}],
                 ["runs", "median s", "min s", "max s", "median test acc", "goal met"]))
-    print(f"wrote {write_result('demo_quick' if args.quick else 'demo', result)}")
+    name = "demo" if class_tag() == "avx512_bf16" else f"demo-{class_tag()}"
+    print(f"wrote {write_result(name + ('_quick' if args.quick else ''), result)}")
     return result
 
 

@@ -196,17 +196,19 @@ def ablation(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def demo(d: dict[str, Any]) -> list[str]:
+def demo(d: dict[str, Any], name: str = "demo.json") -> list[str]:
     g = d["goal"]
     runs = d["runs"]
-    return ["#### `make demo`, once set up", "",
+    resolved = runs[0].get("resolved")
+    return [f"#### `make demo`, once set up ({class_of(d)})", "",
             f"`sluice demo` on a fresh data root: median {_s(d['median_wall_s'])} "
             f"({_s(min(r['wall_s'] for r in runs))}–{_s(max(r['wall_s'] for r in runs))}, {len(runs)} runs), "
             f"champion test accuracy {_pct(d['median_test_acc'])}. Goal ≥ {_pct(g['test_acc_at_least'], 0)} "
             f"in ≤ {g['seconds_at_most']:.0f} s: **{'met' if g['met'] else 'missed'}**."
             + (" The demo's seed is fixed, so the runs differ in wall time only: the accuracy is one "
-               "seed's." if len({r['test_acc'] for r in runs}) == 1 else ""), "",
-            provenance(d, "demo.json")]
+               "seed's." if len({r['test_acc'] for r in runs}) == 1 else "")
+            + (f" Resolved: {resolved}." if resolved else ""), "",
+            provenance(d, name)]
 
 
 def selection(d: dict[str, Any]) -> list[str]:
@@ -446,7 +448,7 @@ def host_layout(d: dict[str, Any], name: str) -> list[str]:
 
 # results files written once per host class: <stem>-<class>.json
 PER_CLASS: list[tuple[str, Callable[[dict[str, Any], str], list[str]]]] = [
-    ("tiny_budget", tiny_budget), ("host_layout", host_layout)]
+    ("demo", demo), ("tiny_budget", tiny_budget), ("host_layout", host_layout)]
 
 
 def host_classes() -> list[str]:

@@ -35,13 +35,14 @@ class HostDefaults:
         return {"none": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[self.amp]
 
 
-# One rank per core, each single-threaded, 64 samples per rank on both CPU classes: on
-# AVX512-bf16, 128 per rank and 1 rank x 2 threads were no faster to 93% (time_to_accuracy at
-# commit 27f31f1); on AVX2 the trainer's throughput at 64 and 128 per rank and 2x1 against 1x2 is
-# in benchmarks/results/host_layout.json. Only the precision differs between them.
+# One rank per core, each single-threaded, 64 samples per rank on both CPU classes. The trainer's
+# throughput (benchmarks/results/host_layout-*.json): 2 ranks x 1 thread beat 1 x 2 on both; 128
+# per rank was 17% faster per sample than 64 on AVX512-bf16 and 4% (within noise) on simulated
+# AVX2, but doubles the global batch, and on AVX512-bf16 it was no faster to 93%
+# (time_to_accuracy at commit 27f31f1). Only the precision differs between the classes.
 HOST_DEFAULTS: dict[str, HostDefaults] = {
-    "avx2": HostDefaults("none", 1, 64, "bf16 is emulated (compute.py); host_layout.json"),
-    "avx512_bf16": HostDefaults("bf16", 1, 64, "time_to_accuracy.json (bf16 probe), commit 27f31f1"),
+    "avx2": HostDefaults("none", 1, 64, "bf16 emulated; host_layout-avx2-simulated.json"),
+    "avx512_bf16": HostDefaults("bf16", 1, 64, "host_layout-avx512_bf16.json; time_to_accuracy at 27f31f1"),
     "amx": HostDefaults("bf16", 1, 64, "not measured: taken from avx512_bf16"),
     "cuda": HostDefaults("bf16", 1, 64, "not measured: one rank per GPU; fp16 where no bf16"),
 }
