@@ -24,6 +24,7 @@ from benchmarks.common import table, write_result
 from benchmarks.hostinfo import class_tag, describe_run, load_average
 
 GOAL_ACC, GOAL_S = 0.92, 180.0
+RESOLVED = "resolved for this host: "  # the line `sluice demo` prints before it starts
 
 
 def one_run() -> dict[str, Any]:
@@ -40,8 +41,8 @@ def one_run() -> dict[str, Any]:
             raise RuntimeError(f"sluice demo failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
         champ = Registry(root / "registry").champion()
         metrics = champ.metrics if champ else {}
-        resolved = next((line.split(": ", 1)[1] for line in out.stdout.splitlines()
-                         if line.startswith("resolved for this host")), None)
+        resolved = next((line[len(RESOLVED):].split("  (", 1)[0] for line in out.stdout.splitlines()
+                         if line.startswith(RESOLVED)), None)
         return {"wall_s": wall, "test_acc": metrics.get("test", {}).get("acc"), "resolved": resolved,
                 "val_acc": metrics.get("val", {}).get("acc"), "load_average": la,
                 "train_steps": metrics.get("steps")}

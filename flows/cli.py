@@ -84,7 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard{il} -> train {cfg.train.model}{sel} "
           f"for {cfg.train.epochs:g} epochs on {cfg.ranks()} ranks{comm} -> evaluate -> promote on "
           f"{cfg.promotion.eval_split}), data under {Path(cfg.data_root).resolve()}", flush=True)
-    print(f"resolved for this host ({HOST_NOTE}): {cfg.resolved_for_host()}", flush=True)
+    print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))
     return 0
