@@ -25,7 +25,10 @@ from sluice.errors import ArtifactError
 from sluice.storage import atomic
 from sluice.storage.paths import join, read_bytes
 
-SCHEMA_VERSION = 1
+# 2: a sample's split follows its key (stages/data/split.py); 1: a permutation of the sample
+# count. The files are laid out alike, so both are read; a new shard run writes 2.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "holdout", "val", "test")
 
@@ -160,6 +163,7 @@ def read_manifest(root: str | os.PathLike) -> Manifest:
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{path} is not valid JSON: {e}") from None
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ArtifactError(f"{path} has schema version {version}; this Sluice reads {SCHEMA_VERSION}")
+    if version not in READABLE_SCHEMAS:
+        raise ArtifactError(f"{path} has schema version {version}; this Sluice reads "
+                            f"{', '.join(map(str, READABLE_SCHEMAS))}")
     return Manifest.model_validate(data)

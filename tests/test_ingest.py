@@ -93,16 +93,61 @@ def test_splits_are_deterministic_disjoint_and_complete():
     cfg = IngestConfig(limit=1000, seed=7)
     a, b = plan_splits(src, cfg), plan_splits(src, cfg)
     assert a == b
-    assert {k: len(v) for k, v in a.items()} == {"train": 800, "holdout": 100, "val": 100, "test": 1000}
+    sizes = {k: len(v) for k, v in a.items()}
+    assert 60 <= sizes["holdout"] <= 140 and 60 <= sizes["val"] <= 140 and sizes["test"] == 1000
     from_train = [x for s in ("train", "holdout", "val") for x in a[s]]
     assert sorted(from_train) == [("train", i) for i in range(1000)]
     assert plan_splits(src, IngestConfig(limit=1000, seed=8))["holdout"] != a["holdout"]
 
 
+def _membership(plan) -> dict:
+    return {x: split for split, xs in plan.items() for x in xs}
+
+
+def test_growth_never_moves_a_sample_between_splits():
+    """#28: the night's new samples get splits of their own; every existing sample keeps its
+    split, so yesterday's training samples never reach today's val."""
+    src = open_source("fashion-mnist")
+    before = _membership(plan_splits(src, IngestConfig(limit=5000)))
+    after = _membership(plan_splits(src, IngestConfig(limit=6000)))
+    assert all(after[x] == split for x, split in before.items())
+    assert len(after) == len(before) + 1000 + 1000  # 1,000 more of each source split
+
+
+def test_turning_the_holdout_on_never_changes_val():
+    """RHO-LOSS on (holdout 0.1) or off (0): samples move only between train and holdout."""
+    src = open_source("fashion-mnist")
+    off = plan_splits(src, IngestConfig(limit=3000, holdout_fraction=0.0))
+    on = plan_splits(src, IngestConfig(limit=3000, holdout_fraction=0.1))
+    assert on["val"] == off["val"] and not off["holdout"] and on["holdout"]
+    assert set(on["holdout"]) <= set(off["train"])
+
+
+def test_a_folder_source_that_grows_and_loses_files_keeps_every_split(tmp_path):
+    from PIL import Image
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(60):
+            Image.new("L", (4, 4), i).save(tmp_path / c / f"{i:03d}.png")
+    cfg = IngestConfig(source=str(tmp_path))
+
+    def by_key() -> dict[str, str]:
+        src = open_source(cfg)
+        return {src.describe(sp, i)[0]: split for split, xs in plan_splits(src, cfg).items() for sp, i in xs}
+    before = by_key()
+    for i in range(60, 90):  # new files sort between and after the old ones
+        Image.new("L", (4, 4), i).save(tmp_path / "a" / f"{i:03d}.png")
+    (tmp_path / "b" / "007.png").unlink()  # a deletion request
+    after = by_key()
+    assert "b_007" not in after and len(after) == len(before) + 29
+    assert all(after[k] == split for k, split in before.items() if k != "b_007")
+
+
 def test_source_without_test_split_gets_one(tmp_path):
-    np.savez(tmp_path / "d.npz", images=np.zeros((100, 4, 4), np.uint8), labels=np.arange(100) % 3)
+    np.savez(tmp_path / "d.npz", images=np.zeros((1000, 4, 4), np.uint8), labels=np.arange(1000) % 3)
     plan = plan_splits(open_source(str(tmp_path / "d.npz")), IngestConfig())
-    assert {k: len(v) for k, v in plan.items()} == {"train": 70, "holdout": 10, "val": 10, "test": 10}
+    sizes = {k: len(v) for k, v in plan.items()}
+    assert sum(sizes.values()) == 1000 and all(60 <= sizes[s] <= 140 for s in ("holdout", "val", "test"))
 
 
 def test_bad_fractions_refused():

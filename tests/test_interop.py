@@ -2,6 +2,8 @@
 order, with the right label and index. These are the real readers, not ours."""
 from __future__ import annotations
 
+from conftest import FMNIST_INGEST
+
 import io
 
 import numpy as np
@@ -18,7 +20,7 @@ SPLIT = "val"
 def _expected(split: str, limit: int = 600):
     """Source pixels and labels for ``split``, in manifest order (straight from the IDX files)."""
     src = open_source("fashion-mnist")
-    plan = plan_splits(src, IngestConfig(source="fashion-mnist", limit=limit))[split]
+    plan = plan_splits(src, IngestConfig(**{**FMNIST_INGEST, "limit": limit}))[split]
     imgs = np.stack([src.load(sp, i).array for sp, i in plan])
     labels = np.array([int(src.load(sp, i).label) for sp, i in plan])
     return imgs, labels
@@ -97,7 +99,7 @@ def test_png_encoding_is_lossless_and_jpg_is_close(tmp_path):
     from PIL import Image
     imgs, labels = _expected("holdout", limit=200)
     for enc in ("png", "jpg"):
-        s = shard_dataset(IngestConfig(source="fashion-mnist", limit=200), tmp_path / enc,
+        s = shard_dataset(IngestConfig(**{**FMNIST_INGEST, "limit": 200}), tmp_path / enc,
                           ShardConfig(encoding=enc, formats=["webdataset", "dali"], progress=False, workers=1))
         art = open_artifact(s.root)
         tars, _ = _shard_paths(art, "holdout")

@@ -26,7 +26,7 @@ from sluice.stages.load import Loader, SamplerConfig  # noqa: E402
 from sluice.storage.artifact import open_artifact  # noqa: E402
 
 BUCKET = "sluice-test"
-SHARD = ["--set", "ingest.limit=600", "--set", "shard.shard_samples=128", "--set", "shard.workers=2"]
+SHARD = ["--set", "ingest.limit=600", "--set", "ingest.seed=4", "--set", "shard.shard_samples=128", "--set", "shard.workers=2"]
 
 
 def _free_port() -> int:

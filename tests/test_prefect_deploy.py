@@ -148,7 +148,9 @@ def test_shard_map_runs_on_a_dask_cluster(stack, tmp_path):
     art = open_artifact(root)
     art.verify()
     # no IL model in the default recipe, so no holdout (#14)
-    assert art.manifest.counts() == {"train": 900, "holdout": 0, "val": 100, "test": 1000}
+    counts = art.manifest.counts()  # val: ~10% of the 1,000 by key (#28)
+    assert counts["train"] + counts["val"] == 1000 and counts["holdout"] == 0 and counts["test"] == 1000
+    assert 60 <= counts["val"] <= 140
     runs = api(stack.url, "/task_runs/filter", {"task_runs": {"name": {"like_": "write-shard"}}, "limit": 200})
     assert len([t for t in runs if t["state"]["type"] == "COMPLETED"]) >= 9  # 4 train, 1 val, 4 test shards
 

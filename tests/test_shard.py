@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, write_images
+from conftest import FMNIST_INGEST, ROOT, write_images
 from sluice.errors import TooManyBadSamples
 from sluice.stages.data.config import IngestConfig
 from sluice.stages.data.shard import ShardConfig, shard_dataset
@@ -87,14 +87,14 @@ def test_wrong_shape_quarantined_where_fixed_shape_required(tmp_path):
 def test_rerun_is_a_noop(fmnist_artifact):
     root = Path(fmnist_artifact.root)
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*")}
-    again = shard_dataset(IngestConfig(source="fashion-mnist", limit=600), root.parent,
+    again = shard_dataset(IngestConfig(**FMNIST_INGEST), root.parent,
                           ShardConfig(shard_samples=128, progress=False, workers=1))
     assert again.reused and again.root == str(root)
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*")} == before
 
 
 def test_config_change_gives_new_version(fmnist_artifact):
-    other = shard_dataset(IngestConfig(source="fashion-mnist", limit=600), Path(fmnist_artifact.root).parent,
+    other = shard_dataset(IngestConfig(**FMNIST_INGEST), Path(fmnist_artifact.root).parent,
                           ShardConfig(shard_samples=128, encoding="png", formats=["webdataset"], **QUIET))
     assert other.manifest.fingerprint != fmnist_artifact.manifest.fingerprint
     # workers and progress do not change the bytes, so they do not change the fingerprint

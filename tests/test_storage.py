@@ -10,6 +10,7 @@ from sluice.errors import WriteError
 from sluice.storage import atomic
 from sluice.storage.artifact import ArtifactError, open_artifact
 from sluice.storage.manifest import read_manifest
+from conftest import FMNIST_INGEST
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -67,7 +68,7 @@ def test_open_artifact_follows_latest(fmnist_artifact):
     from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     dataset_root = Path(fmnist_artifact.root).parent
-    shard_dataset(IngestConfig(source="fashion-mnist", limit=600), dataset_root,
+    shard_dataset(IngestConfig(**FMNIST_INGEST), dataset_root,
                   ShardConfig(shard_samples=128, progress=False, workers=1))
     assert open_artifact(dataset_root).fingerprint == fmnist_artifact.manifest.fingerprint
 
@@ -138,3 +139,21 @@ def test_a_fork_never_inherits_a_cache_lock_it_cannot_see(tmp_path):
         stop.set()
         t.join(5)
     assert stuck == 0, f"{stuck} of 60 forked children waited forever on an inherited lock"
+
+
+def test_schema_1_artifacts_are_still_read_and_unknown_schemas_refused(fmnist_artifact, tmp_path):
+    """Schema 2 changed only how samples are assigned to splits (#28), not the files: an older
+    artifact opens as it is; a schema this Sluice does not know is a clear error."""
+    import json
+    import shutil
+    root = tmp_path / "art"
+    shutil.copytree(fmnist_artifact.root, root)
+    m = json.loads((root / "manifest.json").read_text())
+    assert m["schema_version"] == 2
+    for version, ok in ((1, True), (99, False)):
+        (root / "manifest.json").write_text(json.dumps({**m, "schema_version": version}))
+        if ok:
+            assert open_artifact(root).manifest.counts() == fmnist_artifact.manifest.counts()
+        else:
+            with pytest.raises(ArtifactError, match="schema version 99; this Sluice reads 1, 2"):
+                open_artifact(root)
