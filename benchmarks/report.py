@@ -448,7 +448,8 @@ def host_layout(d: dict[str, Any], name: str) -> list[str]:
 
 # results files written once per host class: <stem>-<class>.json
 PER_CLASS: list[tuple[str, Callable[[dict[str, Any], str], list[str]]]] = [
-    ("demo", demo), ("tiny_budget", tiny_budget), ("host_layout", host_layout)]
+    ("time_to_accuracy", time_to_accuracy), ("demo", demo), ("tiny_budget", tiny_budget),
+    ("host_layout", host_layout)]
 
 
 def host_classes() -> list[str]:

@@ -22,7 +22,8 @@ Accounting (the same for every arm):
 
     python -m benchmarks.time_to_accuracy [--quick] [--seeds 0 1 2] [--arms baseline sluice ...]
 
-Writes benchmarks/results/time_to_accuracy.json (quick: time_to_accuracy_quick.json). The ablation
+Writes benchmarks/results/time_to_accuracy.json on an AVX512-bf16 host, time_to_accuracy-<host
+class>.json on any other (quick: ..._quick.json). The ablation
 table comes from a run of the default and its variants at the default's measured budget, written
 under another name:
 
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import describe_run, load_average
+from benchmarks.hostinfo import class_tag, describe_run, load_average
 
 TARGETS = (0.93, 0.94)
 TRAIN_SOURCE = 60_000  # Fashion-MNIST's training split
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--arms", nargs="+", default=[*BASELINES, *ABLATIONS])
     ap.add_argument("--baseline-epochs", type=float, nargs="+", default=[5, 6, 7, 8])
     ap.add_argument("--sluice-epochs", type=float, nargs="+", default=[4, 5, 6, 7, 8])
-    ap.add_argument("--name", default="time_to_accuracy",
+    ap.add_argument("--name", default=None,
                     help="results file name (an ablation run at the default's budget: time_to_accuracy_ablation; "
                          "a candidate beside the default and the baseline: time_to_accuracy_candidates)")
     args = ap.parse_args(argv)
@@ -292,7 +293,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "vs baseline": a["ratio_to_baseline_93"], "94% median s": s94["median"],
                      "final acc (median)": a["final_acc_median"]})
     print(table(rows, list(rows[0])))
-    print(f"wrote {write_result(args.name + '_quick' if args.quick else args.name, result)}")
+    name = args.name or ("time_to_accuracy" if class_tag() == "avx512_bf16" else f"time_to_accuracy-{class_tag()}")
+    print(f"wrote {write_result(name + '_quick' if args.quick else name, result)}")
     return result
 
 
