@@ -31,9 +31,6 @@ class HostDefaults:
     batch_per_rank: int
     evidence: str
 
-    def precision(self) -> str:
-        return {"none": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[self.amp]
-
 
 # One rank per core, each single-threaded, 64 samples per rank on both CPU classes. The trainer's
 # throughput (benchmarks/results/host_layout-*.json): 2 ranks x 1 thread beat 1 x 2 on both; 128
