@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import class_tag, describe_run, load_average
+from benchmarks.hostinfo import describe_run, load_average, results_name
 
 GOAL_ACC, GOAL_S = 0.92, 180.0
 RESOLVED = "resolved for this host: "  # the line `sluice demo` prints before it starts
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "max s": max(r["wall_s"] for r in runs), "median test acc": acc,
                   "goal met": result["goal"]["met"]}],
                 ["runs", "median s", "min s", "max s", "median test acc", "goal met"]))
-    name = "demo" if class_tag() == "avx512_bf16" else f"demo-{class_tag()}"
+    name = results_name("demo", bare_on="avx512_bf16")
     print(f"wrote {write_result(name + ('_quick' if args.quick else ''), result)}")
     return result
 

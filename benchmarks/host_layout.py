@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import class_tag, describe_run, load_average
+from benchmarks.hostinfo import describe_run, load_average, results_name
 
 # (ranks, threads per rank, batch per rank) on a 2-core host; the first is today's default
 LAYOUTS = [(2, 1, 64), (2, 1, 128), (1, 2, 128), (1, 2, 256)]
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(table(rows, ["layout", "median samples/s", "min", "max"]))
     result = {**about, "mode": "quick" if args.quick else "full", "runs": runs, "summary": rows,
               "load_average_end": load_average()}
-    name = f"host_layout-{class_tag()}" + ("_quick" if args.quick else "")
+    name = results_name("host_layout") + ("_quick" if args.quick else "")
     print(f"wrote {write_result(name, result)}")
     return result
 

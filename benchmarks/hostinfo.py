@@ -58,9 +58,15 @@ def class_tag() -> str:
     return rec["host_class"] + ("-simulated" if rec["host_class_simulated"] else "")
 
 
+def results_name(stem: str, bare_on: str | None = None) -> str:
+    """A results file's name for this host class: ``<stem>-<class_tag()>``, or ``stem`` alone on
+    the class ``bare_on`` (the files named before host classes were, measured on that class)."""
+    return stem if class_tag() == bare_on else f"{stem}-{class_tag()}"
+
+
 def class_of(record: dict[str, Any]) -> str:
     """A results file's host class: as recorded, else (files written before it was) from the
-    recorded CPU flags, the same rule as ``sluice.stages.host.cpu_class``."""
+    recorded CPU flags by ``sluice.stages.host.classify``, the rule ``cpu_class`` uses."""
     for where in (record, record.get("_meta", {})):
         if where.get("host_class"):
             sim = where.get("host_class_simulated")
@@ -68,10 +74,10 @@ def class_of(record: dict[str, Any]) -> str:
     host = record.get("host") or record.get("_meta", {}).get("host") or {}
     if "flags" not in host:
         return "not recorded"
+    from sluice.stages.host import classify
     flags = set(host["flags"])
-    if "amx_tile" in flags or "amx_bf16" in flags:
-        return "amx"
-    return "avx512_bf16" if "avx512_bf16" in flags else "avx2"
+    # every AMX CPU has AVX512; older files may not list avx512f beside amx_tile
+    return classify(bool(flags & {"avx512f", "amx_tile"}), "avx512_bf16" in flags, "amx_tile" in flags)
 
 
 def load_average() -> list[float]:

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import class_tag, describe_run, load_average
+from benchmarks.hostinfo import describe_run, load_average, results_name
 
 TARGETS = (0.93, 0.94)
 TRAIN_SOURCE = 60_000  # Fashion-MNIST's training split
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "vs baseline": a["ratio_to_baseline_93"], "94% median s": s94["median"],
                      "final acc (median)": a["final_acc_median"]})
     print(table(rows, list(rows[0])))
-    name = args.name or ("time_to_accuracy" if class_tag() == "avx512_bf16" else f"time_to_accuracy-{class_tag()}")
+    name = args.name or results_name("time_to_accuracy", bare_on="avx512_bf16")
     print(f"wrote {write_result(name + '_quick' if args.quick else name, result)}")
     return result
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import class_tag, describe_run, load_average
+from benchmarks.hostinfo import describe_run, load_average, results_name
 
 # The deployment test's config (tests/test_prefect_deploy.py::_tiny), minus its data root.
 TINY: dict[str, Any] = {
@@ -44,17 +44,8 @@ print("RESULT " + json.dumps({"val_acc": p["candidate_value"], "test_acc": p["re
 
 
 def config(root: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
-    cfg = json.loads(json.dumps(TINY))
-    cfg["data_root"] = str(root)
-    cfg["train"]["seed"] = seed
-    for kv in overrides:
-        key, value = kv.split("=", 1)
-        *path, last = key.split(".")
-        d = cfg
-        for p in path:
-            d = d.setdefault(p, {})
-        d[last] = json.loads(value)
-    return cfg
+    from sluice.flows.config import apply_overrides  # the CLI's --set
+    return apply_overrides(TINY, [f"data_root={root}", f"train.seed={seed}", *overrides])
 
 
 def one(seed: int, overrides: list[str]) -> dict[str, Any]:
@@ -74,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="seeds 0 and 1 only")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=JSON")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="as sluice's --set, e.g. train.warmup_min_steps=50")
     args = ap.parse_args(argv)
     about = describe_run("benchmarks.tiny_budget", argv)
     seeds = [0, 1] if args.quick else args.seeds
@@ -92,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ["host class", "seeds", "median val", "min val", "max val", "median test"]))
     result = {**about, "mode": "quick" if args.quick else "full", "config": TINY,
               "overrides": args.overrides, "runs": runs, **summary, "load_average_end": load_average()}
-    name = f"tiny_budget-{class_tag()}" + ("_quick" if args.quick else "")
+    name = results_name("tiny_budget") + ("_quick" if args.quick else "")
     print(f"wrote {write_result(name, result)}")
     return result
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sluice.flows.config import merge
 from sluice.stages.data.config import PrepareConfig
 from sluice.stages.compute import resolve_amp
-from sluice.stages.host import defaults_for, describe, host_class
+from sluice.stages.host import defaults_for, describe, host_class, threads_per_rank
 from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Flip, Normalize
 from sluice.stages.load.specs import ArtifactData
@@ -22,6 +22,7 @@ from sluice.stages.select import ILModelConfig, SelectionConfig, candidate_size_
 from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import CommConfig, TrainConfig
+from sluice.stages.train.dist import wants_cuda
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.nodes import LaunchConfig
 from sluice.storage.manifest import SPLITS
@@ -44,12 +45,6 @@ class PromotionConfig(BaseModel):
         return v
 
 
-def _device() -> str:
-    """The device a local training run will get (``train.device: auto``)."""
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _default_train() -> TrainConfig:
     # The measured default recipe (benchmarks/time_to_accuracy.py, README "Results"): the plain
     # BN CNN, one-cycle to lr 0.2 per 256 samples with momentum cycling, no decay on norms and
@@ -66,7 +61,7 @@ def _default_train() -> TrainConfig:
     # warmup_min_steps=100: a 20-step run warming up to the full peak diverged and ended at chance;
     # bounded, it learns (benchmarks/results/tiny_budget-*.json); runs over 400 steps are unchanged.
     # Per-rank batch (like amp: auto and nproc: auto): the one measured best on this host's class.
-    return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=defaults_for(_device()).batch_per_rank,
+    return TrainConfig(model="bn_cnn", epochs=5.5, batch_size=defaults_for("cuda" if wants_cuda(TrainConfig()) else "cpu").batch_per_rank,
                        lr=0.2, lr_reference_batch=256,
                        momentum_cycle=(0.85, 0.95), warmup_fraction=0.25, warmup_min_steps=100,
                        weight_decay=5e-4,
@@ -189,9 +184,8 @@ class PipelineConfig(BaseModel):
         """What a local CPU run of this config resolves to on this host, in one line
         ("avx2: fp32, 2 ranks x 1 thread, 64 per rank"); explicit settings are shown as given."""
         ranks = self.ranks()
-        threads = self.train.torch_threads or max(1, (os.cpu_count() or 1) // ranks)
-        return describe(host_class("cpu"), resolve_amp(self.train.amp, "cpu"), ranks, threads,
-                        self.train.batch_size)
+        return describe(host_class("cpu"), resolve_amp(self.train.amp, "cpu"), ranks,
+                        self.train.torch_threads or threads_per_rank(ranks), self.train.batch_size)
 
     # where things live
     def dataset_dir(self) -> Path:

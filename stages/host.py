@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Literal
 
 import torch
@@ -25,11 +26,10 @@ HostClass = Literal["cuda", "amx", "avx512_bf16", "avx2"]
 
 @dataclasses.dataclass(frozen=True)
 class HostDefaults:
-    """The settings measured best on one host class, and where they were measured."""
+    """The settings measured best on one host class."""
     amp: Literal["none", "bf16", "fp16"]
     threads_per_rank: int  # ranks = cores / threads_per_rank (``nproc: auto``)
     batch_per_rank: int
-    evidence: str
 
 
 # One rank per core, each single-threaded, 64 samples per rank on both CPU classes. The trainer's
@@ -38,23 +38,35 @@ class HostDefaults:
 # AVX2, but doubles the global batch, and on AVX512-bf16 it was no faster to 93%
 # (time_to_accuracy at commit 27f31f1). Only the precision differs between the classes.
 HOST_DEFAULTS: dict[str, HostDefaults] = {
-    "avx2": HostDefaults("none", 1, 64, "bf16 emulated; host_layout-avx2-simulated.json"),
-    "avx512_bf16": HostDefaults("bf16", 1, 64, "host_layout-avx512_bf16.json; time_to_accuracy at 27f31f1"),
-    "amx": HostDefaults("bf16", 1, 64, "not measured: taken from avx512_bf16"),
-    "cuda": HostDefaults("bf16", 1, 64, "not measured: one rank per GPU; fp16 where no bf16"),
+    "avx2": HostDefaults("none", 1, 64),  # bf16 is emulated; host_layout-avx2-simulated.json
+    "avx512_bf16": HostDefaults("bf16", 1, 64),  # host_layout-avx512_bf16.json
+    "amx": HostDefaults("bf16", 1, 64),  # not measured: taken from avx512_bf16
+    "cuda": HostDefaults("bf16", 1, 64),  # not measured; fp16 where the GPU has no bf16
 }
+
+
+def classify(avx512: bool, avx512_bf16: bool, amx: bool) -> HostClass:
+    """A CPU's class from what it can run: AMX or AVX512-bf16 compute bf16 natively; every other
+    CPU (AVX2, AVX512 without bf16, older) is in the AVX2 class."""
+    if avx512 and amx:
+        return "amx"
+    return "avx512_bf16" if avx512 and avx512_bf16 else "avx2"
 
 
 @functools.cache  # asked on every forward pass by some callers; the CPU does not change
 def cpu_class() -> HostClass:
-    """This CPU's class as PyTorch will use it."""
-    capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", ...
-    if capability.startswith("AVX512"):
-        if bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()):
-            return "amx"
-        if bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()):
-            return "avx512_bf16"
-    return "avx2"  # AVX2, AVX512 without bf16, and older: no native bf16
+    """This CPU's class as PyTorch will use it (ATen's capability, so ``ATEN_CPU_CAPABILITY`` counts)."""
+    def supported(check: str) -> bool:
+        return bool(getattr(torch.cpu, check, lambda: False)())
+    return classify(torch.backends.cpu.get_cpu_capability().startswith("AVX512"),
+                    supported("_is_avx512_bf16_supported"), supported("_is_amx_tile_supported"))
+
+
+def threads_per_rank(ranks: int) -> int:
+    """Torch threads for each of ``ranks`` processes sharing the cores this process may run on (a
+    node pinned by taskset has fewer than the host)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // ranks)
 
 
 def host_class(device: torch.device | str = "cpu") -> HostClass:
@@ -69,6 +81,5 @@ def defaults_for(device: torch.device | str = "cpu") -> HostDefaults:
 
 def describe(cls: str, amp: str, ranks: int, threads: int, batch_per_rank: int) -> str:
     """One line saying what a run resolved on its host class."""
-    precision = {"none": "fp32", "bf16": "bf16", "fp16": "fp16"}.get(amp, amp)
-    return (f"{cls}: {precision}, {ranks} rank{'s' if ranks != 1 else ''} x {threads} "
+    return (f"{cls}: {'fp32' if amp == 'none' else amp}, {ranks} rank{'s' if ranks != 1 else ''} x {threads} "
             f"thread{'s' if threads != 1 else ''}, {batch_per_rank} per rank")

@@ -7,6 +7,7 @@ worker is stopped at the end of the module, the server at the end of the session
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ def _tiny(data_root: Path, **over) -> dict:
     """The tiny config whose learning ``benchmarks.tiny_budget`` measures per host class (the
     default recipe for 20 steps), on ``data_root``."""
     from benchmarks.tiny_budget import TINY
-    cfg = {**json.loads(json.dumps(TINY)), "data_root": str(data_root)}
+    cfg = {**copy.deepcopy(TINY), "data_root": str(data_root)}
     for k, v in over.items():
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
     return cfg

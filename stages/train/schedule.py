@@ -24,15 +24,14 @@ def peak_scale(cfg: TrainConfig, total_steps: int | None) -> float:
 
 def lr_at(cfg: TrainConfig, progress: float, total_steps: int | None = None) -> float:
     """The learning rate at ``progress`` in [0, 1] of a budget of ``total_steps`` steps."""
-    p = min(max(progress, 0.0), 1.0)
-    w = cfg.warmup_fraction
     if cfg.schedule == "constant":
         return cfg.lr
-    return _shape(cfg, p, w) * cfg.lr * peak_scale(cfg, total_steps)
+    return _shape(cfg, min(max(progress, 0.0), 1.0)) * cfg.lr * peak_scale(cfg, total_steps)
 
 
-def _shape(cfg: TrainConfig, p: float, w: float) -> float:
+def _shape(cfg: TrainConfig, p: float) -> float:
     """The schedule's curve at ``p``, relative to its peak."""
+    w = cfg.warmup_fraction
     if cfg.schedule == "linear":  # optional warm-up, then linear decay to zero
         if p < w:
             return p / w

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from pydantic import ValidationError
 
 from sluice.errors import ConfigError, SluiceError
+from sluice.stages.host import threads_per_rank
 from sluice.stages.train.dist import init_process_group
 from sluice.stages.train.elastic import batch_scale_for, rescale_job
 from sluice.stages.train.job import TrainJob
@@ -48,10 +49,7 @@ def worker(job_path: str) -> int:
         job = read_job(Path(job_path))
         cfg = job.config
         if cfg.torch_threads is None:
-            # the cores this process may run on (a node pinned by taskset has fewer than the host)
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            torch.set_num_threads(max(1, (cores or 1) // local))
+            torch.set_num_threads(threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         init_process_group(cfg)
         world = dist.get_world_size() if dist.is_initialized() else 1
         (out / "pids").mkdir(parents=True, exist_ok=True)
