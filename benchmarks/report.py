@@ -62,7 +62,10 @@ def provenance(d: dict[str, Any], name: str) -> str:
         parts.append("commit not recorded")
     if host:
         flags = ", ".join(host.get("flags", [])) or "no AVX512/AMX"
-        parts.append(f"host class **{class_of(d)}**: {host.get('model', '?')} ({flags}), {host.get('cores', '?')} cores")
+        sim = d.get("host_class_simulated")
+        how = f" under {' '.join(f'{k}={v}' for k, v in sim.items())}" if sim else ""
+        parts.append(f"host class **{class_of(d)}**{how}: {host.get('model', '?')} ({flags}), "
+                     f"{host.get('cores', '?')} cores")
     else:
         meta = d.get("_meta") or {}
         parts.append(f"host not recorded ({meta.get('host_cores', '?')} cores, {meta.get('when', 'undated')})")
@@ -204,7 +207,9 @@ def demo(d: dict[str, Any], name: str = "demo.json") -> list[str]:
             f"`sluice demo` on a fresh data root: median {_s(d['median_wall_s'])} "
             f"({_s(min(r['wall_s'] for r in runs))}–{_s(max(r['wall_s'] for r in runs))}, {len(runs)} runs), "
             f"champion test accuracy {_pct(d['median_test_acc'])}. Goal ≥ {_pct(g['test_acc_at_least'], 0)} "
-            f"in ≤ {g['seconds_at_most']:.0f} s: **{'met' if g['met'] else 'missed'}**."
+            f"in ≤ {g['seconds_at_most']:.0f} s: **{'met' if g['met'] else 'missed'}**"
+            + (" in simulation only (its time is the newer CPU's, not an AVX2 host's)."
+               if d.get("host_class_simulated") else ".")
             + (" The demo's seed is fixed, so the runs differ in wall time only: the accuracy is one "
                "seed's." if len({r['test_acc'] for r in runs}) == 1 else "")
             + (f" Resolved: {resolved}." if resolved else ""), "",
@@ -433,7 +438,7 @@ def tiny_budget(d: dict[str, Any], name: str) -> list[str]:
     return [f"#### A tiny budget learns ({class_of(d)})", "",
             "The deployment test's config (1,500 samples, RHO-LOSS, 20 steps of 32 per rank on 2 ranks) "
             f"with the default recipe: validation accuracy median {_pct(d['median_val_acc'])} "
-            f"({_pct(d['min_val_acc'])}–{_pct(d['max_val_acc'])}, {len(runs)} seeds), test "
+            f"({_pct(d['min_val_acc'])}–{_pct(d['max_val_acc'])}, seeds {', '.join(str(r['seed']) for r in runs)}), test "
             f"{_pct(d['median_test_acc'])}; chance is 10%. Trained as: {runs[0].get('host') or 'not recorded'}.",
             "", provenance(d, name)]
 

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "min val": summary["min_val_acc"], "max val": summary["max_val_acc"],
                   "median test": summary["median_test_acc"]}],
                 ["host class", "seeds", "median val", "min val", "max val", "median test"]))
-    result = {**about, "mode": "quick" if args.quick else "full", "config": TINY,
+    result = {**about, "mode": "quick" if args.quick else "full", "config": TINY, "seeds": seeds,
               "overrides": args.overrides, "runs": runs, **summary, "load_average_end": load_average()}
     name = results_name("tiny_budget") + ("_quick" if args.quick else "")
     print(f"wrote {write_result(name, result)}")

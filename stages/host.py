@@ -1,7 +1,8 @@
 """The host class, and the training settings that depend on it.
 
 Two CPU classes run Sluice today with different best settings: CPUs that compute bf16 natively
-(AVX512-bf16 or AMX), where bf16 autocast is ~1.8x faster than fp32, and the rest (AVX2), where
+(AVX512-bf16 or AMX), where bf16 autocast is faster than fp32 (the time-to-accuracy baseline probe:
+0.102 s a step against 0.181 s), and the rest (AVX2), where
 PyTorch emulates bf16 and it is several times slower. CUDA is a third. ``host_class()`` names the
 class of this process's device; ``HOST_DEFAULTS`` holds, per class, the settings measured best
 there, and ``describe()`` prints what a run resolved ("avx2: fp32, 2 ranks x 1 thread, 64 per
@@ -35,8 +36,9 @@ class HostDefaults:
 # One rank per core, each single-threaded, 64 samples per rank on both CPU classes. The trainer's
 # throughput (benchmarks/results/host_layout-*.json): 2 ranks x 1 thread beat 1 x 2 on both; 128
 # per rank was 17% faster per sample than 64 on AVX512-bf16 and 4% (within noise) on simulated
-# AVX2, but doubles the global batch, and on AVX512-bf16 it was no faster to 93%
-# (time_to_accuracy at commit 27f31f1). Only the precision differs between the classes.
+# AVX2, but doubles the global batch, and on AVX512-bf16 it missed 93% on 2 of 3 seeds
+# (time_to_accuracy.json at commit 27f31f1, where 1 rank x 2 threads was also slower). Only the
+# precision differs between the classes; no real AVX2 host has measured these.
 HOST_DEFAULTS: dict[str, HostDefaults] = {
     "avx2": HostDefaults("none", 1, 64),  # bf16 is emulated; host_layout-avx2-simulated.json
     "avx512_bf16": HostDefaults("bf16", 1, 64),  # host_layout-avx512_bf16.json
