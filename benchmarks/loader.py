@@ -70,7 +70,8 @@ DATASETS = {
 }
 OURS_RAW = {"sluice memory": "raw numpy+torch", "sluice ffcv": "raw ffcv", "sluice dali": "raw dali",
             "sluice webdataset": "raw webdataset"}
-RAW_LIBS = ("raw ffcv", "raw dali", "raw webdataset")  # the libraries (numpy+torch is a reference)
+RAW_LIBS = ("raw ffcv", "raw dali", "raw webdataset")
+CHECKS_OFF = " (checks off)"  # the libraries (numpy+torch is a reference)
 
 
 # ---------------------------------------------------------------------------- data
@@ -142,10 +143,10 @@ def _worker_rng() -> random.Random:
 EpochFn = Callable[[int], int]
 
 
-def build_sluice(backend: str, art: dict, ds: str):
+def build_sluice(backend: str, art: dict, ds: str, checks: bool = True):
     from sluice.stages.load import Loader
     loader = Loader(art["root"], split="train", batch_size=BATCH, backend=backend, workers=WORKERS,
-                    augment=spec_for(ds), verify="size")
+                    augment=spec_for(ds), verify="size", check_samples=checks)
 
     def run(epoch: int) -> int:
         loader.set_epoch(epoch)
@@ -362,7 +363,11 @@ def build_pil(art: dict, ds: str):
     return run, lambda: None, {}
 
 
-def row_builders(ds: str, backends: list[str], only: list[str] | None = None) -> dict[str, Callable]:
+def row_builders(ds: str, backends: list[str], only: list[str] | None = None,
+                 checks: bool = False) -> dict[str, Callable]:
+    if checks:  # per-sample checksum checks on (the default) and off, per backend, side by side
+        return {f"sluice {b}{suffix}": (lambda art, ds, b=b, on=on: build_sluice(b, art, ds, on))
+                for b in backends for suffix, on in (("", True), (CHECKS_OFF, False))}
     pil_name = "pil DataLoader (image folder)" if ds == "crops" else "pil DataLoader (uint8 in RAM, torchvision-style)"
     rows: dict[str, Callable] = {}
     for b in backends:
@@ -380,7 +385,7 @@ def row_builders(ds: str, backends: list[str], only: list[str] | None = None) ->
 # ---------------------------------------------------------------------------- run
 
 def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: int, log,
-                  only: list[str] | None = None, torch_threads: int = 1) -> list[dict]:
+                  only: list[str] | None = None, torch_threads: int = 1, checks: bool = False) -> list[dict]:
     def fresh():
         # FFCV's Compiler.set_num_threads(n) also calls torch.set_num_threads(n), process-wide
         # (ffcv/pipeline/compiler.py): every row starts from the same torch thread count.
@@ -388,7 +393,7 @@ def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: 
 
     rows: dict[str, dict] = {}
     live: dict[str, tuple] = {}
-    for name, build in row_builders(ds, backends, only).items():
+    for name, build in row_builders(ds, backends, only, checks).items():
         row = rows[name] = {"dataset": ds, "name": name}
         t = time.perf_counter()
         try:
@@ -408,8 +413,9 @@ def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: 
             log(f"  [{ds}] {name}: SKIPPED ({row['skipped']})")
     times: dict[str, list[float]] = {k: [] for k in live}
     counts: dict[str, list[int]] = {k: [] for k in live}
-    for r in range(epochs):  # interleaved: drift on a shared machine hits every row alike
-        for name, (run, _, _) in live.items():
+    for r in range(epochs):  # interleaved: drift on a shared machine hits every row alike, and the
+        # order reverses every other round, so no row always runs right after the same neighbour
+        for name, (run, _, _) in (list(live.items()) if r % 2 == 0 else list(live.items())[::-1]):
             if "skipped" in rows[name]:
                 continue
             fresh()
@@ -426,7 +432,7 @@ def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: 
         if times[name]:
             rates = [n / s for n, s in zip(counts[name], times[name])]
             row.update(samples=counts[name][0], epoch_s=statistics.median(times[name]),
-                       samples_per_s=statistics.median(rates))
+                       samples_per_s=statistics.median(rates), epoch_s_all=[round(t, 4) for t in times[name]])
         if "loader" in info:
             row["resolved_backend"] = info["resolved"]
             row["profile"] = info["loader"].profile()
@@ -445,6 +451,23 @@ def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: 
         r["x_pil"] = sps / pil["samples_per_s"] if pil else None
         raw = next((x for x in out if x["name"] == OURS_RAW.get(r["name"]) and x.get("samples_per_s")), None)
         r["x_raw"] = sps / raw["samples_per_s"] if raw else None
+    return out
+
+
+def check_costs(rows: list[dict]) -> dict:
+    """Per dataset and backend: samples/s with the per-sample checks on and off (medians of the
+    interleaved epochs) and the checks' overhead, 1 - on/off (goal: <= 5%)."""
+    out: dict = {}
+    for r in rows:
+        if r["name"].endswith(CHECKS_OFF) or not r.get("samples_per_s"):
+            continue
+        off = next((x for x in rows if x["dataset"] == r["dataset"] and x["name"] == r["name"] + CHECKS_OFF
+                    and x.get("samples_per_s")), None)
+        if off is None:
+            continue
+        over = 1 - r["samples_per_s"] / off["samples_per_s"]
+        out.setdefault(r["dataset"], {})[r["name"].removeprefix("sluice ")] = {
+            "on": r["samples_per_s"], "off": off["samples_per_s"], "overhead": over, "met": over <= 0.05}
     return out
 
 
@@ -490,7 +513,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="torch intra-op threads in this process (default 1: the decode workers hold the cores)")
     ap.add_argument("--only", default="", help="comma list of substrings: run only rows whose name has one")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--checks", action="store_true", help="only our backends, per-sample checks on and off "
+                    "(interleaved; writes loader_checks.json)")
     args = ap.parse_args(argv)
+    from benchmarks.hostinfo import describe_run
+    about = describe_run("benchmarks.loader", argv)  # command, commit, host, load average at the start
     epochs = args.epochs or (1 if args.quick else 3)
     limit = args.fmnist_limit or (20_000 if args.quick else None)
     log = (lambda *_: None) if args.quiet else (lambda m: print(m, flush=True))
@@ -507,13 +534,25 @@ def main(argv: list[str] | None = None) -> dict:
     rows: list[dict] = []
     for ds in [d for d in args.datasets.split(",") if d]:
         rows += bench_dataset(ds, arts[ds], backends, args.warmup, epochs, log,
-                              [o for o in args.only.split(",") if o] or None, args.torch_threads)
+                              [o for o in args.only.split(",") if o] or None, args.torch_threads, args.checks)
     cols = ["dataset", "name", "samples", "epoch_s", "samples_per_s", "x_pil", "x_raw", "warmup_s"]
     print()
     print(table(rows, cols))
     skipped = [r for r in rows if "skipped" in r]
     for r in skipped:
         print(f"skipped [{r['dataset']}] {r['name']}: {r['skipped']}")
+    if args.checks:
+        costs = check_costs(rows)
+        for ds, per in costs.items():
+            for b, v in per.items():
+                print(f"[{ds}] {b}: checks on {v['on']:.0f}/s, off {v['off']:.0f}/s, overhead "
+                      f"{100 * v['overhead']:.1f}% (goal <= 5%) -> {'MET' if v['met'] else 'NOT MET'}")
+        result = {**about, "mode": "quick" if args.quick else "full", "batch_size": BATCH, "workers": WORKERS,
+                  "load_avg_1m": os.getloadavg()[0], "warmup_epochs": args.warmup, "timed_epochs": epochs,
+                  "fmnist_limit": limit, "crops": args.crops, "checks": costs, "total_s": time.perf_counter() - t0,
+                  "rows": [{k: v for k, v in r.items() if k not in ("traceback", "profile_report")} for r in rows]}
+        print(f"\nwrote {write_result('loader_checks', result)} in {time.perf_counter() - t0:.0f} s")
+        return result
     result_goals = {ds: goals(rows, ds) for ds in dict.fromkeys(r["dataset"] for r in rows)}
     print()
     for ds, g in result_goals.items():

@@ -96,6 +96,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    import json
+    from sluice.stages.data.verify import verify_artifact
+    report = verify_artifact(args.artifact, full=args.full)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="Data-centric, efficient training pipelines.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -134,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_config_args(s)
     s.set_defaults(fn=cmd_shard)
+
+    v = sub.add_parser("verify", help="check every sample of a dataset artifact against its checksums",
+                       description="Read every sample of ARTIFACT in every format and check it against the "
+                                   "checksums written with it; name each damaged file and sample. Exit 1 "
+                                   "when something is damaged.")
+    v.add_argument("artifact", help="an artifact directory, or a dataset root (follows LATEST)")
+    v.add_argument("--full", action="store_true", help="also re-hash every file against the manifest's sha256")
+    v.add_argument("--json", action="store_true", help="the report as JSON")
+    v.set_defaults(fn=cmd_verify)
     return p
 
 

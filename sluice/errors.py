@@ -8,7 +8,9 @@ bug — and each layer has one subclass, so a caller can catch exactly what it c
     │   └── MissingDependency  an optional extra is not installed; the message names it
     ├── StorageError           artifacts, scores, checkpoints, the model registry
     │   ├── WriteError         a write that failed (disk full, ...): also an OSError
-    │   ├── ArtifactError, ScoresError (ScoresNotFound), CheckpointMismatch, RegistryError
+    │   ├── ArtifactError (CorruptSample, TooManyCorruptSamples), ScoresError (ScoresNotFound),
+    │   │   CheckpointMismatch, RegistryError
+    │   │                    (GradedOnTrainingData: a model graded on samples it trained on)
     ├── DataError              sources and sharding: SourceError, SampleError, TooManyBadSamples, ShardError
     ├── LoaderError            the loader and its backends
     ├── SelectionError         sample selection
@@ -64,6 +66,27 @@ class ArtifactError(StorageError, ValueError):
     """A dataset artifact that is missing, incomplete or does not match its manifest."""
 
 
+class CorruptSample(ArtifactError):
+    """A sample whose stored bytes no longer match the checksum written with them (rot, a
+    partial overwrite, a hand edit): the message names the file, the key, the split index and
+    how to re-shard. ``file``, ``key``, ``index`` and ``split`` say which."""
+
+    def __init__(self, message: str, *, file: str = "", key: str = "", index: int = -1, split: str = ""):
+        super().__init__(message)
+        self.file, self.key, self.index, self.split = file, key, index, split
+
+    def __reduce__(self):  # keep the fields across processes (DataLoader workers, torchrun)
+        return (_corrupt, (self.args[0], self.file, self.key, self.index, self.split))
+
+
+def _corrupt(message: str, file: str, key: str, index: int, split: str) -> "CorruptSample":
+    return CorruptSample(message, file=file, key=key, index=index, split=split)
+
+
+class TooManyCorruptSamples(ArtifactError):
+    """``loader.on_corrupt: skip`` met more damaged samples than ``max_corrupt_fraction``."""
+
+
 class ScoresError(StorageError, ValueError):
     """A scores artifact that cannot be used here (other dataset, wrong length, corrupt)."""
 
@@ -78,6 +101,10 @@ class CheckpointMismatch(StorageError, ValueError):
 
 class RegistryError(StorageError, ValueError):
     """A model-registry operation refused: it says what and why."""
+
+
+class GradedOnTrainingData(RegistryError):
+    """A model was about to be graded on samples it trained on (storage/lineage.py)."""
 
 
 # ------------------------------------------------------------------ data

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -15,6 +16,7 @@ from sluice.storage.cache import ArtifactCache
 from sluice.storage.fingerprint import sha256_file
 from sluice.storage.manifest import MANIFEST_NAME, ArtifactError, FileRecord, Manifest, read_manifest
 from sluice.storage.paths import filesystem, is_local, join, local_path, read_bytes
+from sluice.storage.sums import SUMS_DTYPE
 
 LATEST = "LATEST"
 
@@ -66,20 +68,45 @@ class DatasetArtifact:
         rec = self.manifest.split(split).keys
         return self.local(rec).read_bytes().decode().splitlines()
 
+    def sums(self, split: str) -> np.ndarray | None:
+        """The split's per-sample checksums (``storage/sums.py``), verified against the manifest's
+        sha256; None for an artifact written before them (warned once per artifact)."""
+        rec = self.manifest.split(split).sums
+        if rec is None:
+            if self.root not in _WARNED:
+                _WARNED.add(self.root)
+                warnings.warn(f"{self.root} has no per-sample checksums (written before them): damaged "
+                              "samples cannot be caught on read; re-shard it, or check it with "
+                              f"`sluice verify {self.root} --full`", stacklevel=2)
+            return None
+        path = self.local(rec)
+        verify_file(str(path), rec, deep=True)  # small (8 bytes a sample); it vouches for the rest
+        try:
+            out = np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ArtifactError(f"{path} is not a valid .npy file: {e}") from None
+        if out.dtype != SUMS_DTYPE or out.shape != (self.manifest.split(split).count,):
+            raise ArtifactError(f"{path} holds {out.dtype} {out.shape}, not one checksum record per sample")
+        return out
+
     def verify(self, splits: list[str] | None = None, deep: bool = True) -> None:
         """Raise ArtifactError naming the first file that is missing or differs, or whose sample
         count disagrees with the manifest's.
 
-        ``deep`` re-hashes every byte; otherwise existence and size are checked, and the counts
-        read from the files' headers (cheap: a few bytes per file, and keys.txt).
+        ``deep`` re-hashes every byte; otherwise existence and size are checked, the small files
+        that say what each sample is (labels, keys, checksums, DALI indexes: ~100 bytes a sample)
+        are re-hashed, and the counts read from the files' headers. The samples' own bytes are
+        checked as they are read, against their checksums (``storage/sums.py``).
         """
         names = splits if splits is not None else list(self.manifest.splits)
         for name in names:
             s = self.manifest.split(name)
-            recs = [r for sh in s.shards for r in (sh.tar, sh.dali_index) if r] + \
-                   [r for r in (s.ffcv, s.labels, s.keys) if r]
-            for rec in recs:
+            small = [r for sh in s.shards for r in (sh.dali_index,) if r] + \
+                    [r for r in (s.labels, s.keys, s.sums) if r]
+            for rec in [r for sh in s.shards for r in (sh.tar,)] + ([s.ffcv] if s.ffcv else []):
                 verify_file(self.path(rec), rec, deep=deep)
+            for rec in small:
+                verify_file(self.path(rec), rec, deep=True)
             self._check_counts(name)
 
     def _check_counts(self, name: str) -> None:
@@ -121,6 +148,9 @@ class DatasetArtifact:
         n = read_bytes(self.path(s.keys)).count(b"\n")
         if n != s.count:
             raise mismatch(f"{s.keys.path}", n)
+
+
+_WARNED: set[str] = set()  # artifacts already warned about (once per process)
 
 
 class _LocalFiles:

@@ -11,6 +11,11 @@ Layout of one artifact (``<root>/<fingerprint[:16]>/``)::
     <split>/data.beton           FFCV file: fields image, label, index
     <split>/labels.npy           int64 labels aligned to the split index
     <split>/keys.txt             sample keys aligned to the split index, one per line
+    <split>/sums.npy             per-sample CRC-32s aligned to the split index (storage/sums.py)
+
+``sums`` is an optional field of the split record, not a new schema version: an artifact written
+before it (no sums) stays readable, its samples unchecked (the loader warns once). A Sluice
+older than it refuses a manifest that has it (unknown field), rather than reading unchecked.
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ class SplitRecord(_Model):
     ffcv: FileRecord | None = None
     labels: FileRecord
     keys: FileRecord
+    sums: FileRecord | None = None  # per-sample checksums (storage/sums.py); None: written before them
     class_counts: list[int] = Field(default_factory=list)
 
 
@@ -135,7 +141,7 @@ class Manifest(_Model):
                     out.append(sh.dali_index)
             if s.ffcv:
                 out.append(s.ffcv)
-            out += [s.labels, s.keys]
+            out += [s.labels, s.keys] + ([s.sums] if s.sums else [])
         return out
 
     def total_bytes(self) -> int:

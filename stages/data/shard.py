@@ -1,7 +1,8 @@
 """The sharding stage: a source becomes a versioned dataset artifact.
 
 Every split is written as WebDataset tar shards (with a DALI index per shard) and one FFCV
-``.beton``, plus ``labels.npy`` and ``keys.txt`` aligned to the split index. The artifact lives in
+``.beton``, plus ``labels.npy``, ``keys.txt`` and ``sums.npy`` (per-sample checksums of the bytes
+each format stores, ``storage/sums.py``) aligned to the split index. The artifact lives in
 ``<out>/<fingerprint[:16]>/`` where the fingerprint hashes the source's content and the config,
 so re-running with the same inputs is a no-op and new data gets a new version.
 
@@ -29,6 +30,7 @@ from sluice.errors import ShardError, SluiceError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.data.encode import ShardJob
 from sluice.stages.data.formats.ffcv import FAILED as FFCV_FAILED
+from sluice.stages.data.formats.ffcv import SUMS as FFCV_SUMS
 from sluice.stages.data.formats.ffcv import FfcvWriter, ffcv_field_kind
 from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, write_tar_shard
 from sluice.stages.data.ingest import open_source, source_record
@@ -44,6 +46,8 @@ from sluice.storage.manifest import (SCHEMA_VERSION, SPLITS, DamageRecord, Field
                                      LabelFieldSpec, Manifest, QuarantineRecord, ShardRecord,
                                      SplitRecord, read_manifest, write_manifest)
 from sluice.storage.paths import filesystem, is_local, join, local_path
+from sluice.storage.sums import KIND as SUMS_KIND
+from sluice.storage.sums import SUMS_NAME, make_sums
 
 __all__ = ["PrepareConfig", "ShardConfig", "IngestConfig", "ShardSummary", "shard_dataset",
            "dataset_fingerprint", "write_shard_from_spec"]
@@ -79,7 +83,7 @@ class ShardSummary:
 
 def _split_files(s: SplitRecord) -> list[FileRecord]:
     return [r for sh in s.shards for r in (sh.tar, sh.dali_index) if r] + \
-           [r for r in (s.ffcv, s.labels, s.keys) if r]
+           [r for r in (s.ffcv, s.labels, s.keys, s.sums) if r]
 
 
 @contextlib.contextmanager
@@ -93,7 +97,8 @@ def _bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], Any]]
 
 
 def dataset_fingerprint(src: Source, ingest: IngestConfig, cfg: ShardConfig) -> str:
-    return combine(f"schema{SCHEMA_VERSION}", src.fingerprint(), ingest.split_fingerprint(),
+    # the checksum kind is part of what is written: artifacts from before sums.npy get a new version
+    return combine(f"schema{SCHEMA_VERSION}", f"sums:{SUMS_KIND}", src.fingerprint(), ingest.split_fingerprint(),
                    cfg.content_fingerprint())
 
 
@@ -252,14 +257,21 @@ def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp:
         atomic.write_bytes(key_path, "".join(f"{g.key}\n" for g in items).encode())
         ffcv_rec = _record(work, d / "data.beton") if "ffcv" in cfg.formats and items else None
         shards = []
-        for r in sorted(by_split.get(split, []), key=lambda r: r.shard):
+        written = sorted(by_split.get(split, []), key=lambda r: r.shard)
+        for r in written:
             tar = _record(work, Path(r.tar), r.tar_sha, r.tar_bytes)
             idx = _record(work, Path(r.idx), r.idx_sha, r.idx_bytes) if r.idx_sha else None
             shards.append(ShardRecord(tar=tar, dali_index=idx, first_index=r.first_index, count=r.count))
+        ffcv_sums = np.load(d / FFCV_SUMS, allow_pickle=False) if ffcv_rec is not None else None
+        sums = make_sums(len(items), [c for r in written for c in r.sums] if written else None, ffcv_sums)
+        sums_path = d / SUMS_NAME
+        with atomic.atomic_path(sums_path) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, sums, allow_pickle=False)
         counts = np.bincount(labels, minlength=ncls or 0).tolist() if len(labels) else [0] * (ncls or 0)
         splits[split] = SplitRecord(count=len(items), shards=shards, ffcv=ffcv_rec,
                                     labels=_record(work, lab_path), keys=_record(work, key_path),
-                                    class_counts=counts)
+                                    sums=_record(work, sums_path), class_counts=counts)
     num_classes = ncls or (max((g.label for items in found.good.values() for g in items), default=0) + 1)
     fields = FieldSpecs(
         image=ImageFieldSpec(encoding=cfg.encoding, shape=found.shape,
@@ -276,6 +288,8 @@ def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp:
     write_manifest(work, manifest)
     (work / SCAN_FILE).unlink(missing_ok=True)
     (work / FFCV_FAILED).unlink(missing_ok=True)
+    for split in SPLITS:
+        (work / split / FFCV_SUMS).unlink(missing_ok=True)
     return manifest
 
 

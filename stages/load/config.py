@@ -35,6 +35,9 @@ class LoaderConfig(BaseModel):
     workers: int | None = Field(None, ge=0, description="decode workers; default: the machine's cores")
     prefetch: int = Field(3, ge=0, description="batches prepared ahead in a background thread")
     verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")
+    check_samples: bool = Field(True, description="check every sample's bytes against its checksum as it is read")
+    on_corrupt: Literal["fail", "skip"] = Field("fail", description="a damaged sample: fail naming it, or drop it")
+    max_corrupt_fraction: float = Field(0.01, ge=0, le=1, description="skip: fail once more of the split is damaged")
     streaming: bool = Field(False, description="webdataset only: plain streaming with shard shuffle (inexact order)")
     shuffle_buffer: int = 1000
     memory_budget_bytes: int | None = Field(None, description="default: half the tighter of the cgroup's and "

@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from sluice.errors import CorruptSample
+from sluice.stages.load.integrity import Damage
 from sluice.stages.load.sample_index import SampleIndex
 
 _CV2: list = []
@@ -32,16 +34,45 @@ def pixels(si: SampleIndex, i: int) -> np.ndarray:
     OpenCV, a decode failure) goes through PIL as before. The read and the decode are timed
     into ``si.timings``."""
     data = si.read(i)
+    t = time.perf_counter()
+    try:
+        return decode_bytes(si, i, data)
+    finally:
+        si.timings.add("decode", time.perf_counter() - t)
+
+
+def pixels_batch(si: SampleIndex, idx: np.ndarray) -> tuple[list[np.ndarray], list[int], list[Damage]]:
+    """``pixels`` for a whole batch (``si.read_batch``, then one decode per sample): the images
+    and split indices of the good samples, in order, and the damage found (checksums that do not
+    match, bytes that no longer decode). Read and decode are timed once per batch."""
+    datas, damage = si.read_batch(idx)
+    imgs, keep = [], []
+    t = time.perf_counter()
+    for i, data in zip(np.asarray(idx).reshape(-1).tolist(), datas):
+        if data is None:
+            continue
+        try:
+            imgs.append(decode_bytes(si, i, data))
+            keep.append(i)
+        except CorruptSample as e:
+            damage.append(Damage(i, e.file, getattr(e, "reason", str(e))))
+    si.timings.add("decode", time.perf_counter() - t)
+    return imgs, keep, damage
+
+
+def decode_bytes(si: SampleIndex, i: int, data: bytes) -> np.ndarray:
+    """Sample ``i``'s stored bytes as uint8 HWC pixels (untimed); bytes that no longer decode
+    raise ``CorruptSample`` naming it."""
     if si.encoding in ("jpg", "jpeg"):
         cv2 = opencv()
         if cv2 is not None and jpeg_components(data) in (1, 3):
-            t = time.perf_counter()
             arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
             if arr is not None and arr.dtype == np.uint8 and (arr.ndim == 2 or arr.shape[2] == 3):
-                arr = arr[:, :, None] if arr.ndim == 2 else cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
-                si.timings.add("decode", time.perf_counter() - t)
-                return arr
-    return si.decode(data)
+                return arr[:, :, None] if arr.ndim == 2 else cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+    try:
+        return si.decode_untimed(data)
+    except Exception as e:  # noqa: BLE001 - stored bytes that no longer decode are damage, named
+        raise si.damaged(i, f"cannot decode its {si.encoding} bytes ({type(e).__name__}: {e})") from None
 
 
 def jpeg_components(data: bytes) -> int | None:

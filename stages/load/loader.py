@@ -14,11 +14,12 @@ missing one raises ``MissingDependency`` naming the pip package.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -183,6 +184,8 @@ class Loader:
         produced = self._produce(order, epoch, start, drop_last)
         try:
             for b, batch in enumerate(produced, start):
+                if isinstance(batch, _OnStream):
+                    batch = batch.hand_over(self.device)
                 self.cursor.advance()
                 self.samples_seen += len(batch.labels)
                 advance(b)
@@ -239,25 +242,29 @@ class Loader:
                                                    resolution=res, epoch=epoch))
             return
         pin = self.device.type == "cuda"
+        # CUDA: copy and augment on a side stream, overlapping the caller's compute (_OnStream)
+        stream = torch.cuda.Stream(self.device) if pin else None
         b = start
         for imgs, labels, idx in be.epoch(order, cfg.batch_size, drop_last, start):
-            t = time.perf_counter()
-            x = torch.as_tensor(imgs)
-            y = torch.as_tensor(labels, dtype=torch.int64)
-            i = torch.as_tensor(idx, dtype=torch.int64)
-            if pin:
-                x = x.pin_memory().to(self.device, non_blocking=True)
-                y = y.pin_memory().to(self.device, non_blocking=True)
-                i = i.to(self.device, non_blocking=True)
-            t1 = time.perf_counter()
-            self.timings.add("transfer", t1 - t)
-            # Seeded per (epoch, batch), as on every backend: a resumed run augments its
-            # batches exactly as before.
-            self.augment.reseed(batch_seed(cfg.seed, epoch, b))
-            x = self.augment(x, res)
-            self.timings.add("augment", time.perf_counter() - t1)
+            with torch.cuda.stream(stream) if pin else contextlib.nullcontext():
+                t = time.perf_counter()
+                x = torch.as_tensor(imgs)
+                y = torch.as_tensor(labels, dtype=torch.int64)
+                i = torch.as_tensor(idx, dtype=torch.int64)
+                if pin:
+                    x = x.pin_memory().to(self.device, non_blocking=True)
+                    y = y.pin_memory().to(self.device, non_blocking=True)
+                    i = i.pin_memory().to(self.device, non_blocking=True)
+                t1 = time.perf_counter()
+                self.timings.add("transfer", t1 - t)
+                # Seeded per (epoch, batch), as on every backend: a resumed run augments its
+                # batches exactly as before.
+                self.augment.reseed(batch_seed(cfg.seed, epoch, b))
+                x = self.augment(x, res)
+                self.timings.add("augment", time.perf_counter() - t1)
             b += 1
-            yield Batch(x, y, i)
+            batch = Batch(x, y, i)
+            yield batch if stream is None else _OnStream(batch, stream.record_event())
 
     def _produce(self, order: np.ndarray, epoch: int, start: int, drop_last: bool) -> Iterator[Batch]:
         """Run the pipeline in a background thread, ``prefetch`` batches ahead of the caller.
@@ -325,6 +332,7 @@ class Loader:
         be = self._backend
         out = dict(be.timings) if be is not None else {}
         out.update(self.timings)
+        out.update({"corrupt_skipped": float(be.guard.skipped)} if getattr(be, "guard", None) else {})  # skip
         out["samples"] = float(self.samples_seen)
         out["wall"] = self.wall_s + (time.perf_counter() - self._iter_t0 if self._iter_t0 else 0.0)
         return out
@@ -336,9 +344,9 @@ class Loader:
 
     def profile_report(self) -> str:
         p = self.profile()
-        n, wall = p.pop("samples", 0), p.pop("wall", 0.0)
+        n, wall, bad = p.pop("samples", 0), p.pop("wall", 0.0), int(p.pop("corrupt_skipped", 0))
         lines = [f"loader profile ({self.backend_name}, {int(n)} samples, {wall:.1f} s):",
-                 f"  backend      {self.backend_reason}"]
+                 f"  backend      {self.backend_reason}"] + ([f"  damaged      {bad} samples skipped"] if bad else [])
         for k, v in sorted(p.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {k:<14} {v:8.3f} s" + (f"  {v / n * 1e6:8.1f} µs/sample" if n else ""))
         cache = self.artifact.cache
@@ -354,7 +362,7 @@ class Loader:
 # Each profiled stage is work of one kind: storage reads, decoding, or our own compute.
 STAGE_KINDS = {"read": "storage", "decode": "decode", "decode+augment": "decode",
                "read+decode": "storage+decode", "augment": "compute", "transfer": "compute",
-               "gather": "compute"}
+               "gather": "compute", "check": "compute"}
 
 
 def bottleneck(profile: dict[str, float]) -> dict[str, Any]:
@@ -382,6 +390,20 @@ def bottleneck(profile: dict[str, float]) -> dict[str, Any]:
         if wait_share < 0.1:
             summary += " (the loader keeps up: the caller's own work sets the pace)"
     return {"verdict": verdict, "shares": shares, "wait_share": wait_share, "summary": summary}
+
+
+class _OnStream(NamedTuple):
+    """A CUDA batch made on the loader's side stream, and the event (``ready``) marking it done."""
+    batch: Batch
+    ready: Any
+
+    def hand_over(self, device: torch.device) -> Batch:
+        """The batch for the caller's stream: it waits for ``ready``; the memory outlives its use."""
+        cur = torch.cuda.current_stream(device)
+        cur.wait_event(self.ready)
+        for t in self.batch:
+            t.record_stream(cur)
+        return self.batch
 
 
 def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:

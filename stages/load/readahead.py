@@ -5,12 +5,18 @@ time hides in its decode time, and on a cold file each fault pulls in a whole re
 window for one small sample. This thread ``pread``s exactly the byte ranges of the next
 ``ahead`` batches' samples into the page cache, timed as ``read``: the decoder then finds them
 cached, and the profile can tell storage time from decode time.
+
+With ``checked`` (a batch's indices -> the offsets and sizes of the ranges to check, one per
+sample), the thread also takes the CRC-32 of each such range from the bytes it has just read
+(no second read, and off the loader's thread); ``crcs(b)`` hands batch ``b``'s checksums to the
+reader, which compares them before it yields the batch.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -18,18 +24,24 @@ import numpy as np
 from sluice.stages.load.timings import Timings
 
 Ranges = Callable[[np.ndarray], list[tuple[int, int]]]
+Checked = Callable[[np.ndarray], tuple[list[int], list[int]]]
 
 
 class Readahead:
-    def __init__(self, path: str, ranges: Ranges, timings: Timings, ahead: int = 4):
+    def __init__(self, path: str, ranges: Ranges, timings: Timings, ahead: int = 4, checked: Checked | None = None):
         self.path, self.ranges, self.timings, self.ahead = path, ranges, timings, ahead
+        self.checked = checked
         self._cond = threading.Condition()
         self._next = 0  # the first batch the reader has not taken yet
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._crcs: dict[int, np.ndarray] = {}
+        self._error: BaseException | None = None
+        self._done = False
 
     def start(self, batches: list[np.ndarray]) -> None:
         self._batches, self._next, self._stop = batches, 0, False
+        self._crcs, self._error, self._done = {}, None, False
         self._thread = threading.Thread(target=self._run, name="sluice-readahead", daemon=True)
         self._thread.start()
 
@@ -38,6 +50,17 @@ class Readahead:
         with self._cond:
             self._next = n
             self._cond.notify_all()
+
+    def crcs(self, b: int) -> np.ndarray:
+        """The CRC-32 of each checked range of batch ``b`` (waits for the thread to read it)."""
+        with self._cond:
+            while b not in self._crcs and not self._done:
+                self._cond.wait()
+            if b in self._crcs:
+                return self._crcs.pop(b)
+            if self._error is not None:
+                raise self._error
+            raise RuntimeError(f"the readahead of {self.path} stopped before batch {b}")
 
     def stop(self) -> None:
         with self._cond:
@@ -48,8 +71,10 @@ class Readahead:
             self._thread = None
 
     def _run(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
+        pread, crc = os.pread, zlib.crc32
+        fd = -1
         try:
+            fd = os.open(self.path, os.O_RDONLY)
             for b, idx in enumerate(self._batches):
                 with self._cond:
                     while not self._stop and b >= self._next + self.ahead:
@@ -57,8 +82,20 @@ class Readahead:
                     if self._stop:
                         return
                 t = time.perf_counter()
+                if self.checked is not None:
+                    offs, sizes = self.checked(idx)
+                    got = np.fromiter((crc(pread(fd, n, o)) for o, n in zip(offs, sizes)), np.uint32, len(offs))
+                    with self._cond:
+                        self._crcs[b] = got
+                        self._cond.notify_all()
                 for off, size in self.ranges(idx):
-                    os.pread(fd, size, off)
+                    pread(fd, size, off)
                 self.timings.add("read", time.perf_counter() - t)
+        except BaseException as e:  # noqa: BLE001 - the reader waiting on crcs() raises it
+            self._error = e
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()

@@ -65,6 +65,11 @@ DRILLS: dict[str, Drill] = {d_id: Drill(*d) for d_id, d in {
     "config-eval-split": ("config", "promotion.eval_split or report_split naming no split, or an empty one", "refused before any stage runs (exit 2)"),
     # artifacts and loader state
     "manifest-count-raised": ("artifact", "a hand-edited manifest with a split's count raised", "every backend refuses before the first batch, naming the file"),
+    "corrupt-pixels": ("artifact", "16 bytes of three samples' pixels overwritten in a tar, or 64 bytes in the .beton (sizes unchanged)", "every backend raises CorruptSample naming the file, key, split index and how to re-shard, before the batch is yielded"),
+    "corrupt-header": ("artifact", "4 bytes of an .npy member's header, or a label in a .beton record", "the same clear CorruptSample, never a parser's error; nothing damaged yielded"),
+    "corrupt-skip": ("artifact", "the same damage read with loader.on_corrupt: skip", "exactly the damaged samples dropped and counted; fails past max_corrupt_fraction"),
+    "corrupt-verify": ("artifact", "sluice verify [--full] on a damaged artifact", "exit 1 naming each damaged file and sample"),
+    "corrupt-no-sums": ("artifact", "an artifact written before per-sample checksums", "readable, with a warning; headers never parsed; sluice verify --full finds damage"),
     "loader-state-negative": ("loader state", "next_batch=-5 or past the epoch", "refused (LoaderError)"),
     "registry-read-only": ("registry", "sluice models list on a fresh directory", "reads only; creates nothing"),
     # faults

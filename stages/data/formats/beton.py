@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Sequence
 
@@ -173,9 +174,10 @@ class _Pages:
 
 
 def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequence[Any]], count: int,
-                page_size: int) -> None:
+                page_size: int, checksum: str | None = None) -> np.ndarray | None:
     """Write ``count`` samples (one value per field, in ``fields``' order) to ``fp``, an empty
-    file opened for reading and writing."""
+    file opened for reading and writing. With ``checksum`` (a field name), return the CRC-32 of
+    the bytes that field stored for each sample (``storage/sums.py``), taken as they are written."""
     if page_size < MIN_PAGE_SIZE or page_size & (page_size - 1):
         raise ValueError(f"page_size must be a power of two of at least {MIN_PAGE_SIZE}, not {page_size}")
     kinds = list(fields.values())
@@ -194,6 +196,14 @@ def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequen
     meta_start = HEADER.itemsize + descriptors.nbytes
     pages = _Pages(fp, meta_start + metadata.nbytes, page_size)
     columns = [metadata[name] for name in meta_type.names]
+    watched = list(fields).index(checksum) if checksum is not None else -1
+    sums = np.zeros(count, np.uint32) if checksum is not None else None
+    views: list[np.ndarray] = []
+
+    def watch(size: int) -> tuple[int, np.ndarray]:
+        ptr, view = pages.malloc(size)
+        views.append(view)
+        return ptr, view
     written = 0
     for n, values in enumerate(samples):
         if n >= count:
@@ -201,8 +211,14 @@ def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequen
         pages.sample = n
         for attempt in (0, 1):
             try:
-                for column, field, value in zip(columns, kinds, values):
-                    field.encode(column[n:n + 1], value, pages.malloc)
+                for k, (column, field, value) in enumerate(zip(columns, kinds, values)):
+                    views.clear()
+                    field.encode(column[n:n + 1], value, watch if k == watched else pages.malloc)
+                    if k == watched and sums is not None:
+                        c = 0
+                        for v in views:
+                            c = zlib.crc32(v, c)
+                        sums[n] = c
                 break
             except _Retry:
                 if attempt:
@@ -218,3 +234,27 @@ def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequen
     header["alloc_table_ptr"] = table_at
     fp.seek(0)
     fp.write(header.tobytes())
+    return sums
+
+
+def read_layout(path: str) -> tuple[np.ndarray, list[tuple[str, int]], np.ndarray, np.ndarray]:
+    """(header, [(field name, type id)], metadata records, allocation table) of a ``.beton``,
+    read without FFCV: what a checker needs to find each sample's stored bytes. Raises
+    ValueError when the file's own structure does not hold together."""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(HEADER.itemsize), HEADER)
+        if len(header) != 1 or header["version"][0] != VERSION:
+            raise ValueError(f"not a version-{VERSION} .beton header")
+        nf, n = int(header["num_fields"][0]), int(header["num_samples"][0])
+        descs = np.frombuffer(f.read(nf * FIELD_DESCRIPTOR.itemsize), FIELD_DESCRIPTOR)
+        fields = [(bytes(d["name"]).rstrip(b"\0").decode("ascii", "replace"), int(d["type_id"])) for d in descs]
+        kinds = {1: IntField.metadata, 2: RGBImageField.metadata, 3: BytesField.metadata, 4: NDArrayField.metadata}
+        if len(descs) != nf or any(t not in kinds for _, t in fields):
+            raise ValueError("unknown field types in the .beton header")
+        meta_type = np.dtype([("", kinds[t]) for _, t in fields], align=True)
+        metadata = np.frombuffer(f.read(n * meta_type.itemsize), meta_type)
+        f.seek(int(header["alloc_table_ptr"][0]))
+        alloc = np.frombuffer(f.read(), ALLOCATION)
+    if len(metadata) != n:
+        raise ValueError(f"the metadata region is cut short ({len(metadata)} of {n} records)")
+    return header[0], fields, metadata, alloc

@@ -27,6 +27,7 @@ from sluice.stages.procs import die_with_parent, fork_safe, forget_parent_thread
 from sluice.storage import atomic
 
 FAILED = ".ffcv-failed"  # written by earlier versions; removed when an artifact is finished
+SUMS = ".ffcv-sums.npy"  # the .beton's image checksums, until the manifest's sums.npy takes them in
 
 
 def _samples(items: list[PlannedSample], job: ShardJob):
@@ -59,10 +60,18 @@ def _write_ffcv(path: Path, items: list[PlannedSample], job: ShardJob, shape) ->
     fields = _ffcv_fields(job.config, shape)
     page = beton.page_size_for(int(np.prod(shape)) if shape else None)
 
-    def fill(tmp: Path) -> None:
+    with atomic.atomic_path(path) as tmp:
         with open(tmp, "w+b") as fp:
-            beton.write_beton(fp, fields, _samples(items, job), len(items), page)
-    atomic.write_with(path, fill)
+            sums = beton.write_beton(fp, fields, _samples(items, job), len(items), page, checksum="image")
+        # the checksums land just before the .beton, so a finished .beton always has them
+        atomic.write_with(path.parent / SUMS, lambda t: t.write_bytes(_npy_bytes(sums)))
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
 
 
 class FfcvWriter:
@@ -78,7 +87,8 @@ class FfcvWriter:
     def todo(self) -> list[str]:
         if "ffcv" not in self.cfg.formats:
             return []
-        return [s for s, items in self.good.items() if items and not (self.work / s / "data.beton").exists()]
+        return [s for s, items in self.good.items()
+                if items and not ((self.work / s / "data.beton").exists() and (self.work / s / SUMS).exists())]
 
     def _child(self, parent: int, conn) -> None:
         die_with_parent(parent)

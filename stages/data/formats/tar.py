@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from sluice.storage import atomic
 from sluice.storage.fingerprint import sha256_file
+from sluice.storage.sums import crc32
 
 if TYPE_CHECKING:
     from sluice.stages.data.encode import ShardJob
@@ -120,6 +121,7 @@ class ShardWritten:
     tar_bytes: int
     idx_sha: str | None = None
     idx_bytes: int | None = None
+    sums: list[int] = field(default_factory=list)  # CRC-32 of each sample's image member (storage/sums.py)
 
 
 def write_tar_shard(job: "ShardJob", task: ShardTask) -> ShardWritten:
@@ -132,22 +134,32 @@ def write_tar_shard(job: "ShardJob", task: ShardTask) -> ShardWritten:
         return ShardWritten(**where, reused=True, tar_sha=sha256_file(tar_path),
                             tar_bytes=tar_path.stat().st_size,
                             idx_sha=sha256_file(idx_path) if want_idx else None,
-                            idx_bytes=idx_path.stat().st_size if want_idx else None)
+                            idx_bytes=idx_path.stat().st_size if want_idx else None,
+                            sums=image_member_sums(tar_path, job.config.encoding))
     with atomic.atomic_path(tar_path) as tmp:
         with open(tmp, "wb", buffering=1 << 20) as f:
             w = TarShardWriter(f)
+            sums = []
             for n, (sp, i, key, label) in enumerate(task.items):
                 s = job.source.load(sp, i)
                 pixels, _ = job.prepare(s)
-                w.add_sample(key, job.members(s, pixels, label, task.first_index + n))
+                members = job.members(s, pixels, label, task.first_index + n)
+                sums.append(crc32(members[0][1]))  # the image member, as stored
+                w.add_sample(key, members)
             w.close()
             f.flush()
-        out = ShardWritten(**where, reused=False, tar_sha=w.sha.hexdigest(), tar_bytes=w.offset)
+        out = ShardWritten(**where, reused=False, tar_sha=w.sha.hexdigest(), tar_bytes=w.offset, sums=sums)
         if want_idx:  # the index lands before its tar, so a finished tar always has one
             data = w.dali_index()
             atomic.write_bytes(idx_path, data)
             out.idx_sha, out.idx_bytes = hashlib.sha256(data).hexdigest(), len(data)
     return out
+
+
+def image_member_sums(path: Path, ext: str) -> list[int]:
+    """CRC-32 of each sample's image member of a shard written earlier (a resumed run), in order."""
+    with tarfile.open(path, "r:") as t:
+        return [crc32(t.extractfile(m).read()) for m in t if m.isfile() and m.name.endswith("." + ext)]
 
 
 def mean_sample_bytes(job: "ShardJob", samples: list) -> float:

@@ -18,6 +18,7 @@ Constructing a ``DaliBackend`` imports DALI, and raises ``MissingDependency`` na
 """
 from __future__ import annotations
 
+import collections
 import io
 import time
 from typing import Iterator
@@ -28,6 +29,7 @@ import torch
 from sluice.errors import LoaderError, require
 from sluice.stages.load.augment import AugmentSpec, batch_seed, draw_params
 from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend
+from sluice.stages.load.integrity import Guard
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.storage.artifact import DatasetArtifact
 
@@ -67,17 +69,19 @@ class DaliBackend(Backend):
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "DaliBackend":
-        return cls(artifact, split, config.augment, device, max(1, workers), config.seed)
+        return cls(artifact, split, config.augment, device, max(1, workers), config.seed,
+                   Guard.for_config(artifact, split, config))
 
     def __init__(self, artifact: DatasetArtifact, split: str, augment: AugmentSpec | None,
-                 device: torch.device, workers: int, seed: int = 0):
+                 device: torch.device, workers: int, seed: int = 0, guard: Guard | None = None):
         require("nvidia.dali", "nvidia-dali-cuda120", "dali", "the dali loader backend")
         self.artifact, self.split = artifact, split
+        self.guard = guard if guard is not None else Guard(artifact, split)
         self.spec = augment or AugmentSpec()
         self.device = torch.device(device)
         self.workers = max(1, int(workers))
         self.seed = int(seed)
-        self.index = SampleIndex(artifact, split)
+        self.index = SampleIndex(artifact, split, sums=self.guard.column("tar"))
         self.encoding = self.index.encoding
         self.labels = np.asarray(artifact.labels(split), dtype=np.int64)
         self.shape = tuple(self.index.shape) if self.index.shape else None
@@ -165,12 +169,18 @@ class DaliBackend(Backend):
     def _batch(self, idx: np.ndarray, b: int, epoch: int, resolution: int | None,
                final_resize: bool, source: _Source) -> tuple:
         t0 = time.perf_counter()
-        data = [self.index.read(int(i)) for i in idx]
+        data, damage = self.index.read_batch(idx)  # each sample's bytes checked as read, before DALI sees them
+        if damage:
+            self.guard.take(damage)  # fail: raised here, before DALI runs this batch
+            good = [d is not None for d in data]
+            idx, data = np.asarray(idx, np.int64)[good], [d for d in data if d is not None]
+            if not len(idx):  # skip, and nothing left: DALI cannot run an empty batch; the caller
+                source.read_s += time.perf_counter() - t0  # yields one in its place (_run)
+                return None
         if self.encoding == "npy":
-            if self.index._npy_header is None:
-                self.index.pixels(int(idx[0]))
-            hdr = self.index._npy_header
-            images = [np.frombuffer(d, np.uint8, offset=hdr).reshape(self.shape) for d in data]
+            # the pixels are the member's last prod(shape) bytes: no header is parsed
+            nbytes = int(np.prod(self.shape))
+            images = [np.frombuffer(d, np.uint8, offset=len(d) - nbytes).reshape(self.shape) for d in data]
         else:
             images = [np.frombuffer(d, np.uint8) for d in data]
         n = len(idx)
@@ -225,14 +235,20 @@ class DaliBackend(Backend):
         spec_cl = self.spec.channels_last
         gpu = self.device.type == "cuda"
 
+        fed: collections.deque[int] = collections.deque()  # the batches DALI was given, in order
+
         def plan():
             for b in range(start_batch, n_batches):
                 idx = order[b * batch_size:(b + 1) * batch_size]
-                yield self._batch(idx, b, epoch, resolution, final_resize, source)
+                out = self._batch(idx, b, epoch, resolution, final_resize, source)
+                if out is not None:  # None: every sample damaged (skip); an empty batch takes its place
+                    fed.append(b)
+                    yield out
 
         source.plan = plan()
         source.read_s = 0.0
         done = False
+        nxt = start_batch  # the next batch number to yield
         try:
             while True:
                 t0 = time.perf_counter()
@@ -241,6 +257,10 @@ class DaliBackend(Backend):
                 except StopIteration:
                     done = True
                     break
+                b = fed.popleft()
+                for _ in range(nxt, b):  # batches whose every sample was damaged: empty, as on every
+                    yield self._empty(resolution, final_resize)  # backend, so ranks step alike
+                nxt = b + 1
                 t1 = time.perf_counter()
                 if not images.is_dense_tensor():
                     raise LoaderError("images of different sizes in one batch: add a RandomResizedCrop "
@@ -263,6 +283,8 @@ class DaliBackend(Backend):
                 self.timings["transfer"] += t2 - t1
                 source.read_s = 0.0
                 yield x, lab, ind
+            for _ in range(nxt, n_batches):
+                yield self._empty(resolution, final_resize)
         finally:
             try:
                 if not done:  # abandoned mid-epoch: drain what DALI prefetched so the pipe is reusable
@@ -275,6 +297,17 @@ class DaliBackend(Backend):
                 pipe.reset()
             except Exception:  # a pipeline in an unknown state is rebuilt next time
                 self._pipes = {k: v for k, v in self._pipes.items() if v[0] is not pipe}
+
+    def _empty(self, resolution: int | None, final_resize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A batch of no samples, shaped as this epoch's batches (``on_corrupt: skip`` dropped them all)."""
+        hs, ws = (np.array([self.shape[0]]), np.array([self.shape[1]])) if self.shape else (np.zeros(1), np.zeros(1))
+        for op in self.spec.ops:
+            hs, ws = op.output_sizes(hs, ws, resolution)
+        h, w = (resolution, resolution) if final_resize else (int(hs[0]), int(ws[0]))
+        x = torch.empty((0, self.channels, h, w), dtype=torch.float32, device=self.device)
+        if self.spec.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
 
     def close(self) -> None:
         """Stop and free the pipelines (their threads end once nothing references them)."""

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from sluice.errors import require
+from sluice.errors import ArtifactError, SluiceError, require
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
                                               decoded_sample_bytes)
-from sluice.stages.load.decode import opencv, pixels
+from sluice.stages.load.decode import opencv, pixels_batch
+from sluice.stages.load.integrity import Damage, Guard
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.stages.procs import fork_safe
 from sluice.storage.artifact import DatasetArtifact
@@ -28,8 +30,11 @@ class _IndexedTarDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, batch: np.ndarray):  # a whole batch per call: one IPC round trip
         self.si.timings = Timings()  # this batch's read and decode seconds travel with it
-        imgs = np.stack([pixels(self.si, int(i)) for i in batch])
-        return imgs, self.labels[batch], batch, dict(self.si.timings)
+        # each sample's bytes are checked as read; the damaged ones go back named
+        imgs, keep, damage = pixels_batch(self.si, batch)
+        batch = np.asarray(keep, dtype=np.asarray(batch).dtype)
+        x = np.stack(imgs) if imgs else np.empty((0, *(self.si.shape or (0, 0, 0))), np.uint8)
+        return x, self.labels[batch], batch, dict(self.si.timings), damage
 
 
 @LOADER_BACKENDS.register("webdataset")
@@ -43,7 +48,8 @@ class WebDatasetBackend(Backend):
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "WebDatasetBackend":
-        return cls(artifact, split, workers, config.streaming, config.shuffle_buffer, config.seed)
+        return cls(artifact, split, workers, config.streaming, config.shuffle_buffer, config.seed,
+                   Guard.for_config(artifact, split, config))
 
     @classmethod
     def working_bytes(cls, artifact, split, config) -> int | None:
@@ -54,11 +60,12 @@ class WebDatasetBackend(Backend):
         return None if sample is None else (workers * cls.batches_per_worker + 2) * config.batch_size * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, streaming: bool = False,
-                 shuffle_buffer: int = 1000, seed: int = 0):
+                 shuffle_buffer: int = 1000, seed: int = 0, guard: Guard | None = None):
         self.artifact, self.split, self.workers = artifact, split, workers
+        self.guard = guard if guard is not None else Guard(artifact, split)
         self.labels = artifact.labels(split)
         self.streaming, self.shuffle_buffer, self.seed = streaming, shuffle_buffer, seed
-        self.si = None if streaming else SampleIndex(artifact, split)
+        self.si = None if streaming else SampleIndex(artifact, split, sums=self.guard.column("tar"))
         if self.si is not None and self.si.encoding in ("jpg", "jpeg"):
             opencv()  # imported once here, not in every epoch's freshly forked workers
         self.timings = Timings()
@@ -77,35 +84,60 @@ class WebDatasetBackend(Backend):
                                          persistent_workers=False)
         with fork_safe():  # DataLoader forks its workers when the iterator starts
             it = iter(dl)
-        for imgs, labels, idx, spent in it:
+        for imgs, labels, idx, spent, damage in it:
             self.timings.merge(spent)  # worker-seconds of storage reads and decodes
+            self.guard.take(damage)  # fail: raised here, before this batch is yielded
             yield imgs, labels, idx
 
     def _stream(self, order: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[RawBatch]:
         """Plain WebDataset: as many samples as this rank's share, in stream order."""
         wds = require("webdataset", "webdataset", "webdataset", "the webdataset streaming mode")
         import io
-        urls = [str(self.artifact.local(sh.tar)) for sh in self.artifact.manifest.split(self.split).shards]
+        shards = self.artifact.manifest.split(self.split).shards
+        urls = [str(self.artifact.local(sh.tar)) for sh in shards]
+        named = {u: sh.tar.path for u, sh in zip(urls, shards)}  # damage names the artifact's file
         ext = self.artifact.manifest.fields.image.encoding
+        sums, count = self.guard.column("tar"), len(self.labels)
 
         def decode(sample):
             data = sample[ext]
+            idx = int.from_bytes(sample["idx"], "little", signed=True) if len(sample.get("idx", b"")) == 8 else -1
+            where = named.get(sample.get("__url__"), sample.get("__url__", "?"))
+            if not 0 <= idx < count:
+                return Damage(-1, where, f"member {sample.get('__key__')!r} has no valid split index")
+            if sums is not None and zlib.crc32(data) != sums[idx]:
+                return Damage(idx, where, f"image member checksum {zlib.crc32(data):08x}, written as {int(sums[idx]):08x}")
             if ext == "npy":
                 img = np.load(io.BytesIO(data), allow_pickle=False)
             else:
                 from PIL import Image
                 img = np.asarray(Image.open(io.BytesIO(data)))
                 img = img[:, :, None] if img.ndim == 2 else img
-            return img, int(sample["cls"]), int.from_bytes(sample["idx"], "little", signed=True)
+            return img, int(self.labels[idx]), idx  # labels.npy, verified at open
 
         ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=self.seed, nodesplitter=None, empty_check=False)
               .shuffle(self.shuffle_buffer, seed=self.seed).map(decode))
         buf: list = []
         emitted = 0
         t = time.perf_counter()
-        for img, label, idx in ds:  # webdataset reads and decodes in one stream: not split
+        stream = iter(ds)
+        while True:  # webdataset reads and decodes in one stream: not split
+            try:
+                item = next(stream)
+            except StopIteration:
+                break
+            except SluiceError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a damaged tar header, a cut member: named, not a parser's error
+                raise ArtifactError(f"the tar shards of split {self.split!r} of {self.artifact.root} are damaged "
+                                    f"({type(e).__name__}: {e}); `sluice verify {self.artifact.root}` names the "
+                                    "file; re-shard it") from None
             self.timings.add("read+decode", time.perf_counter() - t)
-            buf.append((img, label, idx))
+            if isinstance(item, Damage):
+                self.guard.take([item])
+                t = time.perf_counter()
+                continue
+            buf.append(item)
             if len(buf) == batch_size:
                 yield self._collate(buf)
                 emitted += len(buf)
