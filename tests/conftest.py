@@ -14,7 +14,7 @@ if str(ROOT) not in sys.path:
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-FMNIST = Path("/usr/share/datasets/fashion-mnist")
+FMNIST = Path(os.environ.get("SLUICE_FASHION_MNIST") or "/usr/share/datasets/fashion-mnist")
 
 
 def pytest_collection_modifyitems(config, items):

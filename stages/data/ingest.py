@@ -2,6 +2,7 @@
 guessing its kind from the path for ``kind: auto``."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sluice.errors import SourceError
@@ -13,6 +14,12 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
                          "Shirt", "Sneaker", "Bag", "Ankle boot"]
 # names that stand for a path (and the class names that go with it)
 NAMED_SOURCES = {"fashion-mnist": ("/usr/share/datasets/fashion-mnist", FASHION_MNIST_CLASSES)}
+
+
+def fashion_mnist_dir() -> str:
+    """Where the Fashion-MNIST IDX files are: ``$SLUICE_FASHION_MNIST`` (a machine without the
+    Debian package, e.g. the GPU check's carried copy), else the package's folder."""
+    return os.environ.get("SLUICE_FASHION_MNIST") or NAMED_SOURCES["fashion-mnist"][0]
 _INSTALL_HINTS = {"fashion-mnist": " (install it with: apt-get install dataset-fashion-mnist)"}
 
 
@@ -31,6 +38,8 @@ def open_source(config: IngestConfig | str) -> Source:
     or an empty source, is a SourceError naming it."""
     cfg = IngestConfig(source=config) if isinstance(config, str) else config
     spec, class_names = NAMED_SOURCES.get(cfg.source, (cfg.source, None))
+    if cfg.source == "fashion-mnist":
+        spec = fashion_mnist_dir()
     if "{" not in spec and not Path(spec).exists():
         raise SourceError(f"source not found: {spec}{_INSTALL_HINTS.get(cfg.source, '')}")
     kind = detect_kind(spec) if cfg.kind == "auto" else cfg.kind

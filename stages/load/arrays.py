@@ -117,9 +117,12 @@ def named_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
         raise LoaderError(f"cannot read arrays from {path}: {e}") from None
 
 
-def fashion_mnist(split: str = "train",
-                  root: str = "/usr/share/datasets/fashion-mnist") -> tuple[np.ndarray, np.ndarray]:
-    """Fashion-MNIST from its gz IDX files: uint8 (N, 28, 28) and int64 labels."""
+def fashion_mnist(split: str = "train", root: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST from its gz IDX files (in ``root``, default ``data.ingest.fashion_mnist_dir()``):
+    uint8 (N, 28, 28) and int64 labels."""
+    if root is None:
+        from sluice.stages.data.ingest import fashion_mnist_dir
+        root = fashion_mnist_dir()
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
         raise LoaderError(f"fashion-mnist split must be 'train' or 'test', got {split!r}")
