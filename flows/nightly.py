@@ -137,10 +137,13 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
     resumes from the run's last checkpoint."""
     from sluice.stages.train.launch import launch
     from sluice.stages.train.nodes import launch_nodes
+    from sluice.stages.train.warm import starting_point
     t0 = time.perf_counter()
     c = PipelineConfig.model_validate(cfg)
     log = get_run_logger()
-    job = training_job(c, data, il["path"] if il else None)
+    il_path = il["path"] if il else None
+    job, warm = starting_point(c.warm, c.registry_dir(), training_job(c, data, il_path), il_path, run_dir)
+    log.info(f"weights: {warm['init']} ({warm['why']})")
     on_line = lambda line: log.info(line.rstrip()) if line.strip() else None  # noqa: E731
     with _progress(Path(run_dir) / "metrics.jsonl", log):
         if c.launch.nodes:
@@ -151,35 +154,34 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
                             max_restarts=c.launch.max_restarts, on_line=on_line)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0,
-            "summary": result.summary, "evals": result.evals, "metrics_path": str(Path(run_dir) / "metrics.jsonl")}
+            "summary": result.summary, "evals": result.evals, "metrics_path": str(Path(run_dir) / "metrics.jsonl"),
+            "warm": warm}
+
+
+@task(name="verify-artifact")
+def verify_task(root: str, on_corrupt: str) -> dict[str, Any]:
+    """Every sample's checksum before training (``sluice verify``, the cheap form): the result
+    goes into the report; damage fails the run here, naming it, unless the loader skips it."""
+    from sluice.errors import ArtifactError
+    from sluice.stages.data.verify import verify_artifact
+    r = verify_artifact(root)
+    get_run_logger().info(r.format())
+    if not r.ok and on_corrupt == "fail":
+        raise ArtifactError(r.format() + "\n(loader.on_corrupt: skip trains without the damaged samples)")
+    return {"ok": r.ok, "samples": r.samples, "seconds": r.seconds, "unchecked": r.unchecked,
+            "damaged": [{"file": d.file, "index": d.index, "key": d.key} for d in r.damaged[:100]],
+            "damaged_count": len(r.damaged)}
 
 
 @task(name="evaluate-and-promote")
 def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    from sluice.stages.train.evaluate import evaluate_checkpoint
-    from sluice.storage.registry import Registry
-    t0 = time.perf_counter()
+    from sluice.stages.train.promote import evaluate_and_promote
     c = PipelineConfig.model_validate(cfg)
-    split, reported = c.promotion.eval_split, c.promotion.report_split
-    if not trained.get("checkpoint"):
-        raise RuntimeError("training produced no checkpoint; nothing to evaluate")
-    cand = evaluate_checkpoint(trained["checkpoint"], data["root"], split)  # decides
-    report = evaluate_checkpoint(trained["checkpoint"], data["root"], reported) if reported != split else cand
-    reg = Registry(c.registry_dir())
-    eval_split = f"{data['fingerprint'][:16]}/{split}"
-    rec = reg.register(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
-                       metric=c.promotion.metric, value=cand["acc"],
-                       metrics={split: cand, reported: report, **trained["summary"]},
-                       config=c.model_dump(mode="json"), run=run)
-    champ = reg.champion()
-    now = None
-    if champ is not None and (champ.eval_split != eval_split or champ.metric != rec.metric):
-        now = evaluate_checkpoint(reg.checkpoint_path(champ), data["root"], split)["acc"]
-    decision = reg.promote_if_better(rec, margin=c.promotion.margin, champion_value_now=now)
-    get_run_logger().info(f"candidate {rec.model_id}: {decision.reason} -> "
-                          f"{'PROMOTED' if decision.promoted else 'not promoted'}")
-    return {"model_id": rec.model_id, **decision.model_dump(), "eval": cand, "report": report,
-            "eval_split": split, "report_split": reported, "wall_s": time.perf_counter() - t0}
+    out = evaluate_and_promote(c.promotion, c.registry_dir(), c.dataset_dir(), data, trained, run,
+                               needs_il=c.selection.needs_il, config=c.model_dump(mode="json"))
+    get_run_logger().info(f"candidate {out['model_id']}: {out['reason']} -> "
+                          f"{'PROMOTED' if out['promoted'] else 'not promoted'}")
+    return out
 
 
 def run_summary(data: dict[str, Any], il: dict[str, Any] | None, trained: dict[str, Any],
@@ -247,13 +249,15 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
         il = il_task(*args)
         if not Path(il["path"]).exists():  # cached, but deleted since: recompute
             il = il_task.with_options(refresh_cache=True)(*args)
+    checked = verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
     run = _run_info()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
     trained = train_task(c.model_dump(mode="json"), data, il, str(run_dir))
     decision = promote_task(c.model_dump(mode="json"), data, trained, run)
-    report_task(run_summary(data, il, trained, decision, c.promotion.report_split), trained["metrics_path"])
-    return {"dataset": data, "il": il, "train": {k: v for k, v in trained.items() if k != "evals"},
+    report_task({**run_summary(data, il, trained, decision, c.promotion.report_split), "verify": checked},
+                trained["metrics_path"])
+    return {"dataset": data, "il": il, "verify": checked, "train": {k: v for k, v in trained.items() if k != "evals"},
             "promotion": decision, "run_dir": str(run_dir)}
 
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.flows.config import merge
 from sluice.stages.data.config import PrepareConfig
@@ -25,24 +25,8 @@ from sluice.stages.train.config import CommConfig, TrainConfig
 from sluice.stages.train.dist import wants_cuda
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.nodes import LaunchConfig
-from sluice.storage.manifest import SPLITS
-
-
-class PromotionConfig(BaseModel):
-    """Which split decides promotion (``eval_split``, the validation split by default) and which is
-    only reported (``report_split``: the test split, also the one training curves are drawn on)."""
-    model_config = ConfigDict(extra="forbid")
-    metric: str = "val_acc"
-    eval_split: str = Field("val", description=f"the split promotion decides on: one of {', '.join(SPLITS)}")
-    report_split: str = Field("test", description=f"the split only reported (and charted): one of {', '.join(SPLITS)}")
-    margin: float = Field(0.0, ge=0, description="a candidate must beat the champion by more than this")
-
-    @field_validator("eval_split", "report_split")
-    @classmethod
-    def _a_split(cls, v: str) -> str:
-        if v not in SPLITS:
-            raise ValueError(f"unknown split {v!r}; a dataset artifact has the splits {', '.join(SPLITS)}")
-        return v
+from sluice.stages.train.promote import PromotionConfig
+from sluice.stages.train.warm import WarmStartConfig
 
 
 def _default_train() -> TrainConfig:
@@ -111,6 +95,9 @@ class PipelineConfig(BaseModel):
     selection: SelectionConfig = Field(default_factory=_default_selection)
     train: TrainConfig = Field(default_factory=_default_train)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    warm: WarmStartConfig = Field(default_factory=WarmStartConfig,
+                                  description="start from the champion's weights and train on the samples it has "
+                                              "not seen plus a replay (stages/train/warm.py)")
     nproc: int | Literal["auto"] = Field(
         "auto", description="training processes (torchrun ranks) on this machine, or on each of "
         "launch.nodes; auto = one per core (a node's pinned cores), each with one thread (on small "

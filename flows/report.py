@@ -126,6 +126,14 @@ def markdown_summary(s: dict[str, Any]) -> str:
               f"(uncompressed {_f(t.get('uncompressed_bytes'), '.0f')})"]
     if t.get("loader"):  # the loader's bottleneck, from its profile (rank 0)
         lines.append(f"- loader `{t['loader'].get('backend')}`: {t['loader'].get('summary', '')}")
+        if t["loader"].get("corrupt_skipped"):  # loader.on_corrupt: skip (summed over every rank)
+            lines.append(f"- damaged samples skipped by the loader: {t['loader']['corrupt_skipped']} (all ranks)")
+    v = s.get("verify")
+    if v:  # sluice verify, run before training
+        lines.append(f"- artifact check: {v.get('samples', 0)} sample checksums, " + (
+            "no damage" if v.get("ok") else f"**{v.get('damaged_count')} damaged**: "
+            + ", ".join(f"{d['file']}#{d['index']}" for d in v.get("damaged", [])[:10]))
+            + (f"; no checksums in {', '.join(v['unchecked'])}" if v.get("unchecked") else ""))
     sel = s.get("selection")
     if sel:
         lines.append("- selection: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
@@ -138,6 +146,17 @@ def markdown_summary(s: dict[str, Any]) -> str:
               f"- champion before: {p.get('champion_before') or 'none'}"
               + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
               f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}"]
+    w = p.get("warm")
+    if w:
+        lines.append(f"- weights: warm start from champion {w['parent_model']} (version {w['parent_version'][:16]}): "
+                     f"{w['new']} new samples + {w['replayed']} replayed ({w['policy']})"
+                     if w.get("parent_model") else f"- weights: from scratch ({w.get('why', '')})")
+    u = p.get("unseen")
+    if u:  # stages/train/grading.py: every graded sample checked against what the model trained on
+        lines.append(f"- graded on unseen samples only: the candidate trained on {u['candidate_trained_samples']} "
+                     f"samples ({', '.join(u['candidate_trained_on'])}), none of the {u['samples_checked']} "
+                     "graded" + ("; the champion, re-graded on this version, trained on none of them either"
+                                  if u.get("champion_samples_checked") is not None else ""))
     charts = s.get("charts", {})
     if charts:
         lines += ["", "## Training curves"] + [f"![{name}]({uri})" for name, uri in charts.items()]

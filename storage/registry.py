@@ -5,6 +5,7 @@ Layout under the registry root::
 
     models/<model_id>/record.json   written once, never changed
     models/<model_id>/checkpoint.pt  the candidate's checkpoint, copied in atomically
+    models/<model_id>/trained_keys.npy  what it trained on (storage/lineage.py), when recorded
     champion.json                    the pointer (and its history), replaced atomically
     .lock                            serialises promotions (flock)
 
@@ -22,10 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.errors import RegistryError
 from sluice.storage import atomic
+from sluice.storage.lineage import TrainedOn, load_hashes, save_hashes
 from sluice.storage.locking import exclusive
 
 
@@ -41,6 +44,8 @@ class ModelRecord(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     checkpoint: str  # relative to the registry root
     run: dict[str, Any] = Field(default_factory=dict)  # e.g. Prefect flow run id/name
+    trained_on: TrainedOn | None = None  # None: registered before lineage was recorded
+    warm_start: dict[str, Any] | None = None  # parent model and version, replay policy and counts
 
 
 class Decision(BaseModel):
@@ -59,8 +64,13 @@ class Registry:
     # ------------------------------------------------------------------ records
     def register(self, checkpoint: str | os.PathLike, *, dataset_fingerprint: str, eval_split: str,
                  metric: str, value: float, metrics: dict[str, Any] | None = None,
-                 config: dict[str, Any] | None = None, run: dict[str, Any] | None = None) -> ModelRecord:
-        """Copy the checkpoint in and write an immutable record for it."""
+                 config: dict[str, Any] | None = None, run: dict[str, Any] | None = None,
+                 trained_on: tuple[str, list[str], np.ndarray] | None = None,
+                 warm_start: dict[str, Any] | None = None) -> ModelRecord:
+        """Copy the checkpoint in and write an immutable record for it. ``trained_on``: the
+        dataset fingerprint, the splits and the key hashes (``lineage.split_key_hashes``) the
+        model learnt from, so that it is never graded on them later. ``warm_start``: the warm
+        run's plan (``stages.train.warm``); its replayed keys file is copied in beside the record."""
         if not math.isfinite(value):
             raise RegistryError(f"refusing to register a model whose {metric} is {value}")
         src = Path(checkpoint)
@@ -71,9 +81,20 @@ class Registry:
         d = self.root / "models" / model_id
         d.mkdir(parents=True)  # the registry's folders appear with its first model
         atomic.write_with(d / "checkpoint.pt", lambda tmp: shutil.copyfile(src, tmp))
+        lineage = None
+        if trained_on is not None:
+            fingerprint, splits, hashes = trained_on
+            save_hashes(d / "trained_keys.npy", hashes)
+            lineage = TrainedOn(dataset_fingerprint=fingerprint, splits=list(splits), count=int(hashes.size),
+                                keys_file=f"models/{model_id}/trained_keys.npy")
+        if warm_start and warm_start.get("replayed_keys"):
+            replayed = Path(warm_start["replayed_keys"])
+            atomic.write_with(d / "replayed_keys.npy", lambda tmp: shutil.copyfile(replayed, tmp))
+            warm_start = {**warm_start, "replayed_keys": f"models/{model_id}/replayed_keys.npy"}
         rec = ModelRecord(model_id=model_id, created_at=now.isoformat(), dataset_fingerprint=dataset_fingerprint,
                           eval_split=eval_split, metric=metric, value=float(value), metrics=metrics or {},
-                          config=config or {}, checkpoint=f"models/{model_id}/checkpoint.pt", run=run or {})
+                          config=config or {}, checkpoint=f"models/{model_id}/checkpoint.pt", run=run or {},
+                          trained_on=lineage, warm_start=warm_start)
         atomic.write_bytes(d / "record.json", (rec.model_dump_json(indent=2) + "\n").encode())
         return rec
 
@@ -85,6 +106,16 @@ class Registry:
 
     def checkpoint_path(self, rec: ModelRecord) -> Path:
         return self.root / rec.checkpoint
+
+    def trained_hashes(self, rec: ModelRecord) -> np.ndarray | None:
+        """The key hashes ``rec`` trained on; None for a record that predates lineage."""
+        if rec.trained_on is None:
+            return None
+        p = self.root / rec.trained_on.keys_file
+        try:
+            return load_hashes(p)
+        except (OSError, ValueError) as e:
+            raise RegistryError(f"model {rec.model_id}: what it trained on ({p}) is unreadable: {e}") from None
 
     def list(self) -> list[ModelRecord]:
         out = []
@@ -109,16 +140,22 @@ class Registry:
         return exclusive(self.root / ".lock")
 
     def promote_if_better(self, candidate: ModelRecord, margin: float = 0.0,
-                          champion_value_now: float | None = None) -> Decision:
+                          champion_value_now: float | None = None, graded_champion: str | None = None) -> Decision:
         """Move the champion pointer to ``candidate`` iff it beats the champion by ``margin``.
 
         Both must be measured on the same evaluation split. When the champion was evaluated on
         another split (say, an older dataset version), pass ``champion_value_now``: its metric
-        re-measured on the candidate's split; without it the comparison is refused.
+        re-measured on the candidate's split, and ``graded_champion``, the model it was measured
+        for: if another run moved the pointer meanwhile, the comparison is refused.
         """
         with self._locked():
             ptr = self._pointer()
             champ = self.get(ptr["model_id"]) if ptr.get("model_id") else None
+            if champion_value_now is not None and graded_champion is not None and \
+                    (champ is None or champ.model_id != graded_champion):
+                raise RegistryError(f"the champion changed from {graded_champion} to "
+                                    f"{champ.model_id if champ else 'none'} while the candidate was graded: "
+                                    "run again to compare with the new champion")
             if champ is None:
                 decision = Decision(promoted=True, reason="no champion yet", candidate=candidate.model_id,
                                     candidate_value=candidate.value)

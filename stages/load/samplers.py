@@ -221,6 +221,36 @@ class ResolutionSchedule(BaseModel):
         return max(self.start, int(r // self.multiple * self.multiple))
 
 
+class SubsetSampler:
+    """Another sampler's order over a subset of the split (e.g. a warm start's new samples plus
+    its replay): the inner sampler orders positions in ``subset``, which map to split indices,
+    so per-sample state stays aligned to the split index."""
+
+    def __init__(self, inner: Sampler, subset: np.ndarray, n: int):
+        self.inner, self.subset, self.n = inner, subset, n
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        return self.subset[self.inner.epoch_order(epoch)]
+
+
+def load_subset(path: str, n: int) -> np.ndarray:
+    """Split indices to draw from: distinct, in range, sorted, not empty."""
+    if not os.path.exists(path):
+        raise LoaderError(f"sampler subset file not found: {path}")
+    arr = np.load(path, allow_pickle=False)
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise LoaderError(f"sampler subset {path} must be a non-empty 1-d array of split indices; "
+                          f"got {arr.dtype} {arr.shape}")
+    sub = np.unique(arr.astype(np.int64))
+    if sub.size != arr.size or sub[0] < 0 or sub[-1] >= n:
+        raise LoaderError(f"sampler subset {path} has repeated indices or indices outside the split's "
+                          f"0..{n - 1}")
+    return sub
+
+
 class SamplerConfig(BaseModel):
     """How the loader orders each epoch; arrays come from a .npy path or the Python call."""
     model_config = ConfigDict(extra="forbid")
@@ -236,6 +266,8 @@ class SamplerConfig(BaseModel):
     growth: float = Field(2.0, gt=1)
     ramp_epochs: float = Field(1.0, gt=0, description="curriculum reaches all data after this many epochs")
     anti: bool = False
+    subset: str | None = Field(None, description=".npy of split indices: draw only these (a warm start's "
+                               "new samples and replay); the epoch is the subset")
 
 
 def load_scores(path: str, n: int, what: str) -> np.ndarray:
@@ -253,6 +285,17 @@ def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndar
     ``shard_sizes`` (samples per shard, in split-index order) is what ``shard_block`` needs."""
     if n == 0:
         raise LoaderError("the split is empty: nothing to sample")
+    if cfg.subset:
+        if cfg.kind in ("shard_block", "curriculum"):
+            raise LoaderError(f"the {cfg.kind} sampler orders the whole split; a subset needs sequential, "
+                              "shuffle or weighted")
+        sub = load_subset(cfg.subset, n)
+        if scores is None and cfg.scores:
+            scores = load_scores(cfg.scores, n, "scores")
+        inner_cfg = cfg.model_copy(update={"subset": None, "scores": None})
+        inner = build_sampler(inner_cfg, sub.size, global_batch,
+                              None if scores is None else np.asarray(scores)[sub])
+        return SubsetSampler(inner, sub, n)
     if cfg.kind == "shard_block":
         if not shard_sizes or sum(shard_sizes) != n:
             raise LoaderError(f"the shard_block sampler needs the split's shard sizes summing to {n}; "

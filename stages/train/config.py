@@ -105,6 +105,9 @@ class TrainConfig(BaseModel):
     checkpoint_every_steps: int | None = Field(None, ge=1)
     checkpoint_every_seconds: float | None = Field(None, gt=0)
     resume: bool = True  # continue from checkpoint_dir/last.pt when it exists
+    init_from: str | None = Field(None, description="a checkpoint whose trained weights start the model "
+                                  "(a warm start: weights only, a new schedule); the run's own checkpoint, "
+                                  "when resuming, wins")
     halt_at_step: int | None = Field(None, ge=1)  # checkpoint and stop here (schedule unchanged)
     resize: Literal["keep_global_batch", "scale_global_batch", "refuse"] = Field(
         "keep_global_batch", description="resuming a checkpoint of another world size: keep the "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -15,8 +16,10 @@ from sluice.stages.compute import autocast
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load import AugmentSpec, Loader, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize
+from sluice.stages.load.samplers import SequentialSampler, SubsetSampler
 from sluice.stages.models import build_model
 from sluice.stages.train.dist import DistContext
+from sluice.stages.train.init import trained_weights
 from sluice.storage.checkpoint import load_checkpoint
 
 Prepare = Callable[[Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -59,14 +62,7 @@ def model_from_checkpoint(checkpoint: str | os.PathLike,
     cfg = state.get("config") or {}
     model = build_model(cfg.get("model", "small_cnn"), cfg.get("in_channels", 1),
                         cfg.get("num_classes", 10), **cfg.get("model_kwargs", {}))
-    weights = state["model"]
-    ema = state.get("ema")
-    if use_ema and isinstance(ema, dict) and ema:
-        inner = {k[len("module."):]: v for k, v in ema.items() if k.startswith("module.")}
-        if inner:
-            weights = inner
-    weights = {k[len("module."):] if k.startswith("module.") else k: v for k, v in weights.items()}
-    model.load_state_dict(weights)
+    model.load_state_dict(trained_weights(state, use_ema))
     model.eval()
     return model, cfg
 
@@ -92,3 +88,25 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLi
         loss += float(F.cross_entropy(out, y, reduction="sum"))
         n += len(y)
     return {"acc": hits / max(n, 1), "loss": loss / max(n, 1), "n": n}
+
+
+@torch.no_grad()
+def per_sample_losses(checkpoint: str | os.PathLike, artifact: str | os.PathLike, split: str,
+                      indices: np.ndarray, batch_size: int = 1000, backend: str = "auto") -> np.ndarray:
+    """A checkpoint's cross-entropy on each of ``indices`` (split indices), in that order: what
+    a replay policy weighs old samples by. No augmentation, the evaluation's TTA."""
+    model, cfg = model_from_checkpoint(checkpoint)
+    spec = AugmentSpec(ops=[Normalize(mean=cfg.get("normalize_mean", [0.5]), std=cfg.get("normalize_std", [0.5]))])
+    order = np.asarray(indices, dtype=np.int64)
+    loader = Loader(artifact, LoaderConfig(split=split, batch_size=batch_size, backend=backend, augment=spec,
+                                           drop_last=False, prefetch=1),
+                    custom_sampler=SubsetSampler(SequentialSampler(order.size), order, -1))
+    layout = torch.channels_last if cfg.get("channels_last") else torch.contiguous_format
+    model.to(memory_format=layout)
+    out = np.empty(order.size, dtype=np.float32)
+    pos = {int(i): k for k, i in enumerate(order)}
+    for x, y, idx in loader:
+        loss = F.cross_entropy(predict(model, x.contiguous(memory_format=layout), cfg.get("eval_tta", "none")),
+                               y, reduction="none")
+        out[[pos[int(i)] for i in idx]] = loss.numpy()
+    return out

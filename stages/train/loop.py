@@ -40,6 +40,7 @@ from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context
 from sluice.stages.train.elastic import Resize, rank_part
 from sluice.stages.train.ema import build_ema
+from sluice.stages.train.init import load_initial_weights
 from sluice.stages.train.evaluate import evaluate
 from sluice.stages.train.schedule import lr_at, momentum_at
 from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
@@ -124,6 +125,8 @@ class TrainingRun:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.model = build_model(cfg.model, cfg.in_channels, cfg.num_classes,
                                  **cfg.model_kwargs).to(self.d.device)
+        if cfg.init_from:  # every rank loads the same file: identical starting weights
+            load_initial_weights(self.model, cfg.init_from, cfg.model_dump())
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.hook = build_hook(cfg.comm, seed=cfg.seed)
@@ -157,6 +160,7 @@ class TrainingRun:
         self.metrics: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self.skipped = 0
+        self.scaler_skips = 0  # fp16: optimizer steps the GradScaler skipped (inf/NaN gradients)
         self.last_ckpt_elapsed = 0.0
         self.metrics_file = None
 
@@ -261,6 +265,7 @@ class TrainingRun:
                 per = F.cross_entropy(out.float(), y, reduction="none",
                                       label_smoothing=cfg.label_smoothing)
                 loss = (per * w).mean() if w is not None else per.mean()
+                loss = loss if len(per) else per.sum()  # an empty batch (loader.on_corrupt=skip): 0, not NaN
                 self.scaler.scale(loss / cfg.accum_steps).backward()
             if self.observe is not None:
                 trained.append((sb.indices, per.detach()))
@@ -285,6 +290,8 @@ class TrainingRun:
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.opt)
         self.scaler.update()
+        if scale is not None and self.scaler.get_scale() < scale:  # it found inf/NaN and skipped
+            self.scaler_skips += 1
         self.opt.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update_parameters(self.model)
@@ -301,7 +308,7 @@ class TrainingRun:
                "comm_busy_s": busy,
                "elapsed_s": self.elapsed}
         if scale is not None:
-            rec["grad_scale"] = scale
+            rec["grad_scale"], rec["skipped_steps"] = scale, self.scaler_skips
         rec.update({f"select/{k}": v for k, v in sel_stats.items()})
         return rec
 
@@ -464,6 +471,13 @@ class TrainingRun:
         dist.all_gather_object(out, mine)
         return out
 
+    def corrupt_skipped(self) -> int:
+        """Damaged samples the loader dropped (``loader.on_corrupt: skip``), summed over ranks (collective)."""
+        n = self.d.tensor([float(self.loader.profile().get("corrupt_skipped", 0))])
+        if self.d.on:
+            dist.all_reduce(n)
+        return int(n.item())
+
     def _result(self, final: dict[str, Any] | None, halted: bool) -> TrainResult:
         ms = self.metrics
         summary: dict[str, Any] = {"world_size": self.d.world, "uncompressed_bytes": self.full_bytes,
@@ -472,6 +486,7 @@ class TrainingRun:
                                    "host": describe(host_class(self.d.device), self.cfg.amp, self.d.world,
                                                     torch.get_num_threads(), self.cfg.batch_size),
                                    "stopped_by": self.stopped_by(halted),
+                                   "skipped_steps": self.scaler_skips,  # fp16's GradScaler, this process
                                    "param_digests": self.digests()}
         if ms:
             n = len(ms)
@@ -489,7 +504,8 @@ class TrainingRun:
             if callable(bottleneck):
                 summary["loader"] = {"backend": getattr(self.loader, "backend_name", None),
                                      "choice": getattr(self.loader, "backend_reason", None),
-                                     **{k: v for k, v in bottleneck().items() if k in ("verdict", "summary")}}
+                                     **{k: v for k, v in bottleneck().items() if k in ("verdict", "summary")},
+                                     "corrupt_skipped": self.corrupt_skipped()}  # every rank's, summed
             if self.cfg.comm.mode == "powersgd":  # the compressed phase only
                 late = [m["bytes_comm"] for m in ms if m["step"] > self.cfg.comm.start_iter]
                 if late:

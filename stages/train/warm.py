@@ -1,0 +1,139 @@
+"""Warm starts: tonight's run begins from the champion's weights and trains on what it has not
+seen plus a replay of what it has, instead of every sample from random weights.
+
+What the champion has seen is its registry lineage (``storage/lineage.py``): the key hashes of
+the samples it trained on, which include its own parent's. A sample of tonight's train split is
+*new* when its key is not among them. The run trains for ``warm.epochs`` over new + replay with
+the recipe's schedule at ``warm.lr_scale`` of its peak, and its own lineage is the champion's
+plus tonight's training splits, so a warm model is never graded on anything its ancestors saw.
+
+Until dataset versions record their parent (a later step), "the champion's version is an
+ancestor of tonight's" is approximated by sharing at least ``warm.min_shared`` of the champion's
+training samples; a relabelled or content-changed sample keeps its key, so it counts as old.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sluice.errors import ConfigError, StorageError
+from sluice.stages.train.evaluate import per_sample_losses
+from sluice.stages.train.init import architecture_of
+from sluice.stages.train.job import TrainJob
+from sluice.stages.train.replay import REPLAY_POLICIES, ReplayContext
+from sluice.storage.artifact import open_artifact
+from sluice.storage.checkpoint import load_checkpoint
+from sluice.storage.lineage import hash_keys, save_hashes
+from sluice.storage.registry import Registry
+from sluice.storage.scores import open_scores
+
+
+class WarmStartConfig(BaseModel):
+    """Where tonight's weights start, and what a warm run trains on."""
+    model_config = ConfigDict(extra="forbid")
+    init: Literal["scratch", "champion", "auto"] = Field(
+        "scratch", description="scratch: random weights, every sample; champion: the champion's weights "
+        "(refused, naming why, when it cannot be); auto: the champion when it can be, else scratch")
+    replay: str = Field("uniform", description="a registered replay policy: uniform, champion_loss, reducible_loss")
+    replay_ratio: float = Field(1.0, ge=0, description="old samples replayed per new sample")
+    epochs: float = Field(2.0, gt=0, description="passes over new + replayed samples")
+    lr_scale: float = Field(0.5, gt=0, le=1, description="the warm run's peak lr, as a share of the recipe's")
+    min_shared: float = Field(0.5, gt=0, le=1, description="share of the champion's training samples "
+                              "tonight's version must hold for it to count as an ancestor")
+
+    @field_validator("replay")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return REPLAY_POLICIES.validate(v)
+
+
+class WarmPlan(BaseModel):
+    """A warm run, as decided: recorded with the model it produces."""
+    model_config = ConfigDict(extra="forbid")
+    parent_model: str
+    parent_version: str
+    checkpoint: str
+    subset: str  # .npy of the split indices trained on (new + replayed)
+    replayed_keys: str  # .npy of the replayed samples' key hashes
+    new: int
+    replayed: int
+    policy: str
+
+
+def _refuse(warm: WarmStartConfig, reason: str) -> tuple[None, str]:
+    if warm.init == "champion":
+        raise ConfigError(f"warm.init=champion cannot start from the champion: {reason} "
+                          "(warm.init=auto falls back to scratch instead)")
+    return None, reason
+
+
+def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path: str | None,
+                    out_dir: str | os.PathLike) -> tuple[WarmPlan | None, str]:
+    """The warm run for ``job`` (None and why when it starts from scratch)."""
+    if warm.init == "scratch":
+        return None, "warm.init is scratch"
+    champ = reg.champion()
+    if champ is None:
+        return _refuse(warm, "there is no champion yet")
+    try:
+        hashes = reg.trained_hashes(champ)
+        ckpt = reg.checkpoint_path(champ)
+        theirs = architecture_of(load_checkpoint(ckpt).get("config") or {})
+    except (StorageError, OSError) as e:  # a missing or corrupt champion: say so, never crash auto
+        return _refuse(warm, f"champion {champ.model_id} is unreadable: {e}")
+    if hashes is None or champ.trained_on is None:
+        return _refuse(warm, f"champion {champ.model_id} has no record of what it trained on")
+    ours = architecture_of(job.config.model_dump())
+    if theirs != ours:
+        return _refuse(warm, f"champion {champ.model_id} is a {theirs}, tonight's model a {ours}")
+    root, split = job.data.root, job.data.loader.split
+    train = hash_keys(open_artifact(root).keys(split))
+    seen = np.isin(train, hashes)
+    old, new = np.flatnonzero(seen), np.flatnonzero(~seen)
+    shared = old.size / max(champ.trained_on.count, 1)
+    if shared < warm.min_shared:
+        return _refuse(warm, f"only {shared:.0%} of champion {champ.model_id}'s training samples are in "
+                             f"tonight's version: not an ancestor of it")
+    if new.size == 0:
+        return _refuse(warm, f"tonight's {split} split holds nothing champion {champ.model_id} has not seen")
+    count = min(old.size, int(round(warm.replay_ratio * new.size)))
+    ctx = ReplayContext(old=old, count=count, rng=np.random.default_rng([job.config.seed, 0x5EED]),
+                        champion_losses=lambda idx: per_sample_losses(ckpt, root, split, idx),
+                        irreducible=lambda: open_scores(il_path).values if il_path else None)
+    replay = np.asarray(REPLAY_POLICIES.get(warm.replay)(ctx), dtype=np.int64) if count else \
+        np.empty(0, dtype=np.int64)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "warm_subset.npy", np.union1d(new, replay), allow_pickle=False)
+    save_hashes(out / "warm_replayed_keys.npy", np.unique(train[replay]))
+    return WarmPlan(parent_model=champ.model_id, parent_version=champ.trained_on.dataset_fingerprint,
+                    checkpoint=str(ckpt), subset=str(out / "warm_subset.npy"),
+                    replayed_keys=str(out / "warm_replayed_keys.npy"), new=int(new.size),
+                    replayed=int(replay.size), policy=warm.replay), \
+        f"from champion {champ.model_id}: {new.size} new samples + {replay.size} replayed ({warm.replay})"
+
+
+def warm_job(job: TrainJob, plan: WarmPlan, warm: WarmStartConfig) -> TrainJob:
+    """``job`` trained from the champion's weights on the plan's subset, with the warm budget."""
+    sampler = job.data.loader.sampler.model_copy(update={"subset": plan.subset})
+    loader = job.data.loader.model_copy(update={"sampler": sampler})
+    config = job.config.model_copy(update={"init_from": plan.checkpoint, "epochs": warm.epochs,
+                                           "lr": job.config.lr * warm.lr_scale})
+    return job.model_copy(update={"config": config, "data": job.data.model_copy(update={"loader": loader})})
+
+
+def plan_summary(plan: WarmPlan | None, why: str) -> dict[str, Any]:
+    """What the report and the registry record say about where the weights started."""
+    return {"init": "champion" if plan else "scratch", "why": why, **(plan.model_dump() if plan else {})}
+
+
+def starting_point(warm: WarmStartConfig, registry_dir: str | os.PathLike, job: TrainJob, il_path: str | None,
+                   out_dir: str | os.PathLike) -> tuple[TrainJob, dict[str, Any]]:
+    """``job`` as tonight's run will train it (warm when ``warm.init`` allows), and the summary of
+    where its weights start."""
+    plan, why = plan_warm_start(warm, Registry(registry_dir), job, il_path, out_dir)
+    return (warm_job(job, plan, warm) if plan else job), plan_summary(plan, why)
