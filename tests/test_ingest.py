@@ -88,6 +88,57 @@ def test_npz_refuses_pickled_arrays_and_mismatch(tmp_path):
         open_source(str(tmp_path / "m.npz"))
 
 
+def _npz(path, n, keys=None, **extra):
+    arrays = {"images": np.arange(n * 16, dtype=np.uint8).reshape(n, 4, 4), "labels": np.arange(n) % 3, **extra}
+    if keys is not None:
+        arrays["keys"] = np.asarray(keys)
+    np.savez(path, **arrays)
+    return open_source(str(path))
+
+
+def test_npz_keys_are_stable_sanitised_and_positional_by_default(tmp_path):
+    assert _npz(tmp_path / "p.npz", 3).describe("train", 2)[0] == "train-000002"
+    src = _npz(tmp_path / "k.npz", 3, keys=["fm-7", "fm 8/x.png", "fm-9"],
+               test_images=np.zeros((2, 4, 4), np.uint8), test_labels=np.zeros(2, np.int64),
+               test_keys=np.asarray(["t-0", "t-1"]))
+    assert [src.describe("train", i)[0] for i in range(3)] == ["fm-7", "fm_8_x_png", "fm-9"]
+    assert src.load("train", 1).key == "fm_8_x_png" and src.load("test", 1).key == "t-1"
+    assert "k.npz[train][1]" in src.describe("train", 1)[1]
+
+
+def test_npz_keys_refused_when_repeated_mismatched_or_not_strings(tmp_path):
+    with pytest.raises(SourceError, match=r"d\.npz: 'keys' repeats the key 'a_b' .* at samples 0 and 2"):
+        _npz(tmp_path / "d.npz", 3, keys=["a.b", "c", "a/b"])
+    with pytest.raises(SourceError, match=r"n\.npz: 'keys' holds 2 keys for 3 samples"):
+        _npz(tmp_path / "n.npz", 3, keys=["a", "b"])
+    with pytest.raises(SourceError, match=r"i\.npz: 'keys' must be a 1-D array of strings"):
+        _npz(tmp_path / "i.npz", 3, keys=np.arange(3))
+    with pytest.raises(SourceError, match=r"t\.npz: has 'test_keys' but no test split"):
+        _npz(tmp_path / "t.npz", 3, keys=["a", "b", "c"], test_keys=np.asarray(["x"]))
+    with pytest.raises(SourceError, match=r"s\.npz: 'keys' and 'test_keys' share 1 key"):
+        _npz(tmp_path / "s.npz", 2, keys=["a", "b"], test_images=np.zeros((1, 4, 4), np.uint8),
+             test_labels=np.zeros(1, np.int64), test_keys=np.asarray(["b"]))
+
+
+def test_deleting_an_npz_sample_keeps_every_other_sample_in_its_split(tmp_path):
+    """#28: with stable keys a deletion re-keys nothing, so no later sample changes split (with
+    positional keys, every sample after the deleted one would take its neighbour's key)."""
+    n, gone = 2000, 700
+    keys = [f"fm-{i}" for i in range(n)]
+    cfg = IngestConfig(source=str(tmp_path / "d.npz"))
+
+    def by_key(src) -> dict[str, str]:
+        return {src.describe(sp, i)[0]: split for split, xs in plan_splits(src, cfg).items() for sp, i in xs}
+    before = by_key(_npz(tmp_path / "d.npz", n, keys=keys))
+    images = np.delete(np.arange(n * 16, dtype=np.uint8).reshape(n, 4, 4), gone, axis=0)
+    np.savez(tmp_path / "d.npz", images=images, labels=np.delete(np.arange(n) % 3, gone),
+             keys=np.asarray(keys[:gone] + keys[gone + 1:]))
+    after = by_key(open_source(cfg))
+    assert "fm-700" not in after and len(after) == n - 1
+    assert all(after[k] == split for k, split in before.items() if k != "fm-700")
+    assert len({s for k, s in after.items() if int(k[3:]) > gone}) > 1  # the later samples spread over splits
+
+
 def test_splits_are_deterministic_disjoint_and_complete():
     src = open_source("fashion-mnist")
     cfg = IngestConfig(limit=1000, seed=7)

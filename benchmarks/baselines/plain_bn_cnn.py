@@ -10,14 +10,22 @@ the mean of each test image's and its mirror image's logits. It evaluates on the
 seconds since the process started (data loading, model building and evaluations included):
 what a time-to-accuracy comparison charges it.
 
+For a source that grows night after night (``benchmarks/nightly_growth.py``): ``--train-npz``
+trains on an ``.npz``'s ``images`` and ``labels`` instead of all 60,000 (and evaluates on its
+``test_images`` and ``test_labels`` where it has them, else on the 10,000 test images), ``--init``
+starts from weights a run saved (fine-tuning) and ``--save`` saves the final weights
+(``torch.save`` of the state dict; read back with ``weights_only=True``).
+
     python -m benchmarks.baselines.plain_bn_cnn --epochs 6 --seed 0 [--threads 2] [--no-channels-last]
         [--label-smoothing 0.1] [--tta none|flip] [--amp none|bf16]
+        [--train-npz PATH] [--init WEIGHTS] [--save WEIGHTS]
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import os
 import time
 from pathlib import Path
 
@@ -28,7 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-DATA = Path("/usr/share/datasets/fashion-mnist")
+DATA = Path(os.environ.get("SLUICE_FASHION_MNIST") or "/usr/share/datasets/fashion-mnist")
 MEAN, STD = 0.2860, 0.3530
 
 
@@ -46,6 +54,17 @@ def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def load_npz(path: Path, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A split's images (N, H, W) uint8 and labels (N,) from an ``.npz`` (pickles refused):
+    ``images``/``labels`` for train, ``test_images``/``test_labels`` for test (None if absent)."""
+    prefix = "" if split == "train" else "test_"
+    with np.load(path, allow_pickle=False) as z:
+        if f"{prefix}images" not in z.files:
+            return None
+        x, y = z[f"{prefix}images"], z[f"{prefix}labels"]
+    return torch.from_numpy(np.ascontiguousarray(x)).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
+
+
 def bn_cnn(num_classes: int = 10) -> nn.Module:
     def block(cin: int, cout: int) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
@@ -58,8 +77,11 @@ def prepare(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
+DEVICE = "cpu"  # --device
+
+
 def autocast(amp: str) -> torch.autocast:
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bf16")
+    return torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=amp == "bf16")
 
 
 @torch.no_grad()
@@ -92,12 +114,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--amp", choices=["none", "bf16"], default="none",
                     help="bf16 autocast for forward passes (pays only where the CPU has native bf16)")
     ap.add_argument("--max-steps", type=int, default=None, help="stop early (thread/layout probes)")
+    ap.add_argument("--device", default="cpu", help="cuda: data, model and flips on the GPU (benchmarks.gpu)")
+    ap.add_argument("--train-npz", type=Path, default=None,
+                    help="train on this .npz's images and labels instead of all 60,000 training images "
+                         "(and evaluate on its test_images and test_labels, where it has them)")
+    ap.add_argument("--init", type=Path, default=None, help="start from these saved weights (fine-tune)")
+    ap.add_argument("--save", type=Path, default=None, help="save the final weights here (state dict)")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    x, y = load("train")
-    tx, ty = load("test")
-    model = bn_cnn()
+    x, y = load("train") if args.train_npz is None else load_npz(args.train_npz, "train")
+    tx, ty = (args.train_npz and load_npz(args.train_npz, "test")) or load("test")
+    x, y, tx, ty = (t.to(args.device) for t in (x, y, tx, ty))  # all of it, once
+    model = bn_cnn().to(args.device)
+    if args.init is not None:
+        model.load_state_dict(torch.load(args.init, map_location=args.device, weights_only=True))
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     decay = [p for p in model.parameters() if p.ndim > 1]
@@ -119,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
             xb = x[idx]
-            flip = torch.rand(len(idx), generator=gen) < 0.5
+            flip = (torch.rand(len(idx), generator=gen) < 0.5).to(xb.device)
             xb = torch.where(flip.view(-1, 1, 1, 1), xb.flip(-1), xb)
             with autocast(args.amp):
                 logits = model(prepare(xb, args.channels_last))
@@ -137,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
                       flush=True)
         if args.max_steps and step >= args.max_steps:
             break
+    if args.save is not None:
+        tmp = args.save.with_name(f".{args.save.name}.tmp")
+        torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)
+        os.replace(tmp, args.save)  # never a half-written file under the name
     print(json.dumps({"event": "done", "steps": step, "time": time.time(), "wall_s": time.time() - START,
                       "step_s": t_steps / max(step, 1)}), flush=True)
 

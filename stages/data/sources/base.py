@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from sluice.errors import SourceError
 from sluice.plugins import PluginRegistry
 
 if TYPE_CHECKING:  # the ingest config imports this registry; no runtime cycle
@@ -42,6 +43,27 @@ def unique_keys(raw: list[str]) -> list[str]:
         seen[k] = n + 1
         out.append(k if n == 0 else f"{k}-{n}")
     return out
+
+
+def checked_keys(raw: np.ndarray, n: int, what: str) -> list[str]:
+    """A split's stable keys from a 1-D string array (``what`` names it in errors, e.g.
+    ``file.npz: 'keys'``): sanitised like every other source's keys, one per sample. A length
+    that is not ``n`` or two samples with one key (after sanitising) are refused: a key names one
+    sample, so a repeat cannot be made unique without guessing which sample keeps it."""
+    if raw.dtype.kind != "U" or raw.ndim != 1:
+        raise SourceError(f"{what} must be a 1-D array of strings (numpy unicode), "
+                          f"got dtype {raw.dtype} and shape {raw.shape}")
+    if len(raw) != n:
+        raise SourceError(f"{what} holds {len(raw)} keys for {n} samples")
+    keys = [sanitize_key(str(k)) for k in raw]
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        j = first.setdefault(k, i)
+        if j != i:
+            raw_pair = f" (raw {str(raw[j])!r} and {str(raw[i])!r})" if raw[j] != raw[i] else ""
+            raise SourceError(f"{what} repeats the key {k!r}{raw_pair} at samples {j} and {i}: "
+                              "every sample needs its own key")
+    return keys
 
 
 @dataclass
@@ -98,17 +120,25 @@ class Source:
 
 class ArraySource(Source):
     """A source whose splits are arrays in memory (``_images`` / ``_labels`` per split): IDX
-    files and ``.npz`` archives. Subclasses fill them and say where a sample came from."""
+    files and ``.npz`` archives. Subclasses fill them and say where a sample came from. A
+    sample's key is its position (``train-000123``) unless ``_keys`` gives a split its own
+    stable keys (sanitised and unique, see :func:`checked_keys`): then deleting a sample never
+    re-keys the samples after it, so none of them changes split."""
     _images: dict[str, np.ndarray]
     _labels: dict[str, np.ndarray]
     _class_names: list[str]
     _num_classes: int | None
+    _keys: dict[str, list[str]] | None = None  # split -> keys aligned to its arrays
 
     def where(self, split: str, i: int) -> str:
         raise NotImplementedError
 
+    def key(self, split: str, i: int) -> str:
+        keys = (self._keys or {}).get(split)
+        return keys[i] if keys is not None else f"{split}-{i:06d}"
+
     def describe(self, split: str, i: int) -> tuple[str, str]:
-        return f"{split}-{i:06d}", self.where(split, i)
+        return self.key(split, i), self.where(split, i)
 
     def split_sizes(self) -> dict[str, int]:
         return {s: len(v) for s, v in self._labels.items()}
@@ -117,7 +147,7 @@ class ArraySource(Source):
         img = self._images[split][i]
         if img.ndim == 2:
             img = img[:, :, None]
-        return RawSample(key=f"{split}-{i:06d}", label=self._labels[split][i], array=img,
+        return RawSample(key=self.key(split, i), label=self._labels[split][i], array=img,
                          where=self.where(split, i))
 
     def num_classes(self) -> int | None:

@@ -1,5 +1,7 @@
 """``npz``: an ``.npz`` with ``images`` and ``labels`` (and optionally ``test_images``,
-``test_labels``, ``class_names``); pickled arrays are refused."""
+``test_labels``, ``class_names``, and ``keys`` / ``test_keys``: each sample's stable key, a
+string array aligned to its split; without them a sample's key is its position); pickled
+arrays are refused."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from sluice.errors import SourceError
-from sluice.stages.data.sources.base import SOURCES, ArraySource
+from sluice.stages.data.sources.base import SOURCES, ArraySource, checked_keys
 from sluice.storage.fingerprint import hash_files
 
 
@@ -51,6 +53,16 @@ class NpzSource(ArraySource):
                 self._images[split], self._labels[split] = imgs, labs
         if "train" not in self._images:
             raise SourceError(f"{path}: needs arrays 'images' and 'labels' (has {sorted(arrays)})")
+        self._keys = {}
+        for split, kk in {"train": "keys", "test": "test_keys"}.items():
+            if kk in arrays:
+                if split not in self._labels:
+                    raise SourceError(f"{path}: has {kk!r} but no test split ('test_images', 'test_labels')")
+                self._keys[split] = checked_keys(arrays[kk], len(self._labels[split]), f"{path}: {kk!r}")
+        if len(self._keys) == 2 and set(self._keys["train"]) & set(self._keys["test"]):
+            both = sorted(set(self._keys["train"]) & set(self._keys["test"]))
+            raise SourceError(f"{path}: 'keys' and 'test_keys' share {len(both)} key(s), e.g. {both[0]!r}: "
+                              "a key names one sample")
         names = arrays.get("class_names")
         self._class_names = [str(n) for n in names] if names is not None else []
         self._num_classes = num_classes
