@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export TORCH_SPEC VENV
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean wheelhouse gpu-check
 setup:
 	@bash scripts/setup.sh
 
@@ -17,7 +17,16 @@ test: setup
 
 bench: setup
 	@$(PY) -m pip install -q -e '.[bench]'
-	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout; do $(PY) -m benchmarks.$$b --quick || exit 1; done
+	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout nightly_growth; do $(PY) -m benchmarks.$$b --quick || exit 1; done
+
+# GPU check (README "GPU check"): build the wheelhouse where PyPI is reachable, carry it to the GPU
+# machine, run `make gpu-check` there (GPU_CHECK_DRY_RUN=1: the CPU dry run, anywhere).
+WHEEL_PY ?= 3.12
+wheelhouse:
+	@WHEEL_PY=$(WHEEL_PY) bash scripts/build_wheelhouse.sh
+
+gpu-check:
+	@python3 scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache sluice-data

@@ -364,10 +364,11 @@ def build_pil(art: dict, ds: str):
 
 
 def row_builders(ds: str, backends: list[str], only: list[str] | None = None,
-                 checks: bool = False) -> dict[str, Callable]:
+                 checks: bool = False, off_first: bool = False) -> dict[str, Callable]:
     if checks:  # per-sample checksum checks on (the default) and off, per backend, side by side
+        pair = (("", True), (CHECKS_OFF, False))
         return {f"sluice {b}{suffix}": (lambda art, ds, b=b, on=on: build_sluice(b, art, ds, on))
-                for b in backends for suffix, on in (("", True), (CHECKS_OFF, False))}
+                for b in backends for suffix, on in (pair[::-1] if off_first else pair)}
     pil_name = "pil DataLoader (image folder)" if ds == "crops" else "pil DataLoader (uint8 in RAM, torchvision-style)"
     rows: dict[str, Callable] = {}
     for b in backends:
@@ -385,7 +386,8 @@ def row_builders(ds: str, backends: list[str], only: list[str] | None = None,
 # ---------------------------------------------------------------------------- run
 
 def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: int, log,
-                  only: list[str] | None = None, torch_threads: int = 1, checks: bool = False) -> list[dict]:
+                  only: list[str] | None = None, torch_threads: int = 1, checks: bool = False,
+                  off_first: bool = False) -> list[dict]:
     def fresh():
         # FFCV's Compiler.set_num_threads(n) also calls torch.set_num_threads(n), process-wide
         # (ffcv/pipeline/compiler.py): every row starts from the same torch thread count.
@@ -393,7 +395,7 @@ def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: 
 
     rows: dict[str, dict] = {}
     live: dict[str, tuple] = {}
-    for name, build in row_builders(ds, backends, only, checks).items():
+    for name, build in row_builders(ds, backends, only, checks, off_first).items():
         row = rows[name] = {"dataset": ds, "name": name}
         t = time.perf_counter()
         try:
@@ -500,6 +502,22 @@ def goals(rows: list[dict], ds: str) -> dict:
     return g
 
 
+def pool_passes(passes: list[list[dict]]) -> list[dict]:
+    """One row per arm from several passes of the same rows: medians over every timed epoch."""
+    out = []
+    for first in passes[0]:
+        rows = [next(r for r in p if r["name"] == first["name"]) for p in passes]
+        row = dict(first)
+        timed = [r for r in rows if r.get("epoch_s_all")]
+        if timed:
+            epochs = [t for r in timed for t in r["epoch_s_all"]]
+            row.update(epoch_s_all=epochs, epoch_s=statistics.median(epochs),
+                       samples_per_s=statistics.median([r["samples"] / t for r in timed for t in r["epoch_s_all"]]),
+                       passes=len(rows))
+        out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="FMNIST limited to 20k, 1 warm-up + 1 timed epoch (~3 min)")
@@ -533,8 +551,13 @@ def main(argv: list[str] | None = None) -> dict:
     backends = [b for b in args.backends.split(",") if b]
     rows: list[dict] = []
     for ds in [d for d in args.datasets.split(",") if d]:
-        rows += bench_dataset(ds, arts[ds], backends, args.warmup, epochs, log,
-                              [o for o in args.only.split(",") if o] or None, args.torch_threads, args.checks)
+        only = [o for o in args.only.split(",") if o] or None
+        if args.checks:  # two passes, the on-arm built first and then the off-arm: build order is not a factor
+            rows += pool_passes([bench_dataset(ds, arts[ds], backends, args.warmup, epochs, log, only,
+                                               args.torch_threads, True, off_first)
+                                 for off_first in (False, True)])
+        else:
+            rows += bench_dataset(ds, arts[ds], backends, args.warmup, epochs, log, only, args.torch_threads)
     cols = ["dataset", "name", "samples", "epoch_s", "samples_per_s", "x_pil", "x_raw", "warmup_s"]
     print()
     print(table(rows, cols))

@@ -483,14 +483,113 @@ def host_classes() -> list[str]:
     return lines
 
 
+def loader_checks(d: dict[str, Any]) -> list[str]:
+    lines = ["#### Per-sample checksum checks: their cost (`benchmarks.loader --checks`)", "",
+             f"Interleaved arms, median of {d.get('timed_epochs')} epochs each, load average "
+             f"{d.get('load_avg_1m', 0):.1f} at the end (a shared 2-core host: ±10% is noise here).", "",
+             "| dataset | backend | checks on, samples/s | checks off | overhead (goal ≤ 5%) |", "|---|---|---|---|---|"]
+    for ds, per in d.get("checks", {}).items():
+        for b, v in per.items():
+            lines.append(f"| {ds} | {b} | {v['on']:,.0f} | {v['off']:,.0f} | {100 * v['overhead']:+.1f}% "
+                         f"({'met' if v['met'] else 'missed'}) |")
+    return lines + ["", provenance(d, "loader_checks.json")]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("time_to_accuracy.json", time_to_accuracy), ("time_to_accuracy_candidates.json", candidates),
     ("time_to_accuracy_ablation.json", ablation), ("demo.json", demo), ("selection.json", selection),
-    ("shard.json", shard), ("loader.json", loader), ("compression.json", compression),
+    ("shard.json", shard), ("loader.json", loader), ("loader_checks.json", loader_checks),
+    ("compression.json", compression),
     ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
     ("shard_order.json", shard_order),
 ]
+
+
+def _pts(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.2f}"
+
+
+def _xs(v: float | None) -> str:
+    """A ratio of times: None is a run that never got there, 0 one whose reference never did."""
+    return "never" if v is None else "fine-tune never did" if v == 0 else f"{v:.2f}×"
+
+
+def nightly_growth(d: dict[str, Any], name: str = "nightly_growth.json") -> list[str]:
+    """Nightly retraining on a growing source: per night and arm, medians over the seeds."""
+    st, sch = d["settings"], d["settings"]["schedule"]
+    ft, plain = st["finetune"], st["plain"]
+    lines = [f"The {sch['first'] + sch['per_night'] * (sch['nights'] - 1):,} training images revealed over "
+             f"{sch['nights']} nights ({sch['first']:,} on night 0, +{sch['per_night']:,} a night; "
+             f"{sch['mislabelled']} of night 0's mislabelled until night {sch['corrected_on']}, "
+             f"{sch['deleted']} deleted on night {sch['deleted_on']}), graded on {sch['test_images']:,} test images. "
+             f"`plain scratch`: {plain['variant']}, {plain['epochs']:g} epochs on every image so far; "
+             f"`plain fine-tune`: the same from its previous night's weights, {ft['epochs']:g} epochs at peak lr "
+             f"{ft['lr']:g} ({st['finetune_from']}); `sluice nightly`: the deployment's flow, default parameters; "
+             "`sluice warm`: the same with `warm.init=auto`. Medians over the seeds (test accuracy: min–max "
+             "beside it); wall: the process from its start (Sluice's less starting Prefect's embedded API); "
+             "\"to −0.2\": seconds until the model is within 0.2 points of that night's `plain scratch`, "
+             "and that against `plain scratch`'s wall time and `plain fine-tune`'s time to the same accuracy; "
+             "written: every file of the night's dataset version, against the bytes of its new samples; "
+             "overlap: the most samples any seed's candidate or champion trained on of the val split "
+             "that decided its promotion.", "",
+             "| night (images) | arm | test accuracy | vs scratch (points) | wall | training | written (vs new) "
+             "| to −0.2 | vs scratch wall | vs fine-tune | promoted | overlap |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = d.get("arms") or []  # the benchmark's order (the file's keys are sorted)
+    for night in d["nights"]:
+        for arm in sorted(night["arms"], key=lambda x: order.index(x) if x in order else len(order)):
+            a = night["arms"][arm]
+            med = lambda k, a=a: (a.get(k) or {}).get("median")  # noqa: E731
+            acc = a["test_acc"]
+            rng = f" ({_pct(acc['min'])}–{_pct(acc['max'])})" if acc.get("n", 0) > 1 else ""
+            wrote = "—" if "bytes_vs_new" not in a else \
+                f"{(med('bytes_written') or 0) / 1e6:,.1f} MB ({_xs(med('bytes_vs_new'))})"
+            tw = a.get("to_within_s") or {}
+            reach = (f"never ({tw['misses']} of {tw['n']} seeds)" if tw.get("median") is None else
+                     _s(tw["median"]) + (f", {tw['misses']} of {tw['n']} seeds never" if tw.get("misses") else ""))
+            promoted = f"{sum(a['promoted'])}/{len(a['promoted'])}" if "promoted" in a else "—"
+            lines.append(
+                f"| {night['night']} ({night['samples']:,}) | {arm} | {_pct(acc['median'])}{rng} | "
+                f"{'—' if arm == 'plain scratch' else _pts(med('points_vs_scratch'))} | {_s(med('wall_s'))} | "
+                f"{_s(med('train_s'))} | {wrote} | "
+                f"{'—' if arm == 'plain scratch' else reach} | "
+                f"{'—' if arm == 'plain scratch' else _xs(med('vs_scratch_wall'))} | "
+                f"{_xs(med('vs_finetune')) if 'vs_finetune' in a else '—'} | "
+                f"{promoted} | "
+                f"{max(a['overlap']) if 'overlap' in a else '—'} |")
+    for arm, g in (d.get("goals") or {}).items():
+        word = lambda ok: "met" if ok else "missed"  # noqa: E731
+        nights = g["per_night"]
+        bad = lambda key: [str(r["night"]) for r in nights if not r[key]]  # noqa: E731
+        lines += ["", f"Goals for `{arm}` (every night, medians of the seeds): writes ≤ 1.2× the bytes of the "
+                      f"night's new samples (plus manifest): **{word(g['bytes'])}**"
+                      + (f" (missed on nights {', '.join(bad('bytes_met'))})" if bad("bytes_met") else "")
+                      + "; within 0.2 points of `plain scratch` in ≤ 0.25× its wall time and ≤ 0.5× `plain "
+                      f"fine-tune`'s time to that accuracy: **{word(g['accuracy_and_time'])}**"
+                      + (f" (missed on nights {', '.join(bad('time_met'))})" if bad("time_met") else "")
+                      + f"; on the last night (night {g['last_night']['night']}) no more than 0.2 points below "
+                      f"`plain scratch`: **{word(g['last_night']['met'])}** "
+                      f"({_pts(g['last_night']['points_vs_scratch'])} points); zero overlap every night: "
+                      f"**{word(g['zero_overlap'])}**."]
+    if st.get("mode") == "quick":
+        lines += ["", "Quick mode: a tenth of the scale and fewer nights and epochs: a check that everything "
+                      "runs, not the measurement the goals ask for."]
+    prov = {(p["commit"], p["when"][:10]) for a in d["runs"].values() for r in a.values()
+            for p in [r["provenance"]]}
+    if len(prov) > 1:
+        lines += ["", "Arms and seeds measured in separate runs (merged): " + "; ".join(
+            f"{arm} seed {s}: commit `{str(r['provenance']['commit'])[:12]}`, {r['provenance']['when']}"
+            for arm, a in d["runs"].items() for s, r in a.items()) + "."]
+    return lines + ["", provenance(d, name)]
+
+
+def render_nightly() -> str:
+    d = _load("nightly_growth.json")
+    if d is None:
+        return ("Not measured yet: `benchmarks/results/nightly_growth.json` does not exist, so this README "
+                "claims no figure for it (`python -m benchmarks.nightly_growth` writes it).\n")
+    return "\n".join(nightly_growth(d)) + "\n"
 
 
 def render() -> str:
@@ -508,12 +607,28 @@ def render() -> str:
     return "\n\n".join(blocks) + "\n"
 
 
+# Generated regions elsewhere in the README, each between its own markers: (begin, end, render).
+NIGHTLY_BEGIN = ("<!-- nightly-growth:begin (generated by `python -m benchmarks.report` from "
+                 "benchmarks/results/nightly_growth.json; do not edit by hand) -->")
+NIGHTLY_END = "<!-- nightly-growth:end -->"
+REGIONS: list[tuple[str, str, Callable[[], str]]] = [(NIGHTLY_BEGIN, NIGHTLY_END, render_nightly)]
+
+
+def _splice_one(readme: str, begin: str, end: str, body: str) -> str:
+    if begin not in readme or end not in readme:
+        raise SystemExit(f"README.md has no results markers ({begin!r} ... {end!r})")
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
 def splice(readme: str, body: str) -> str:
-    if BEGIN not in readme or END not in readme:
-        raise SystemExit(f"README.md has no results markers ({BEGIN!r} ... {END!r})")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{body}{END}{tail}"
+    """``readme`` with the results section replaced by ``body`` and every other generated region
+    (``REGIONS``) by what its files say."""
+    readme = _splice_one(readme, BEGIN, END, body)
+    for begin, end, fn in REGIONS:
+        readme = _splice_one(readme, begin, end, fn())
+    return readme
 
 
 def main(argv: list[str] | None = None) -> int:
