@@ -484,9 +484,12 @@ def host_classes() -> list[str]:
 
 
 def loader_checks(d: dict[str, Any]) -> list[str]:
+    passes = max([r.get("passes", 1) for r in d.get("rows", [])] or [1])
+    built = (f"{passes} passes, each arm built first in one of them, " if passes > 1 else "")
     lines = ["#### Per-sample checksum checks: their cost (`benchmarks.loader --checks`)", "",
-             f"Interleaved arms, median of {d.get('timed_epochs')} epochs each, load average "
-             f"{d.get('load_avg_1m', 0):.1f} at the end (a shared 2-core host: ±10% is noise here).", "",
+             f"Interleaved arms, {built}median of {passes * (d.get('timed_epochs') or 0)} epochs each, "
+             f"load average {d.get('load_avg_1m', 0):.1f} at the end (a shared 2-core host: ±10% is noise "
+             "here).", "",
              "| dataset | backend | checks on, samples/s | checks off | overhead (goal ≤ 5%) |", "|---|---|---|---|---|"]
     for ds, per in d.get("checks", {}).items():
         for b, v in per.items():
