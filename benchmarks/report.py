@@ -575,6 +575,11 @@ def nightly_growth(d: dict[str, Any], name: str = "nightly_growth.json") -> list
                       f"`plain scratch`: **{word(g['last_night']['met'])}** "
                       f"({_pts(g['last_night']['points_vs_scratch'])} points); zero overlap every night: "
                       f"**{word(g['zero_overlap'])}**."]
+    seeds = sorted({int(s) for a in d["runs"].values() for s in a})
+    if len(seeds) < 3:
+        lines += ["", f"**{len(seeds)} seed{'s' if len(seeds) != 1 else ''} measured ({', '.join(map(str, seeds))}) of "
+                      "the 3 the goals ask for**: the medians above are of those alone, so no goal counts as met "
+                      "or missed for good until the other seeds run (`--seeds N` merges into this file)."]
     if st.get("mode") == "quick":
         lines += ["", "Quick mode: a tenth of the scale and fewer nights and epochs: a check that everything "
                       "runs, not the measurement the goals ask for."]
