@@ -120,8 +120,8 @@ def test_fast_path_is_reproducible_and_pickles():
 
 
 class _FakeIndex:
-    """What ``_pixels`` needs of a SampleIndex: the encoding, raw bytes, the PIL decode, and
-    where to add its decode time."""
+    """What ``_pixels`` needs of a SampleIndex: the encoding, raw bytes, the PIL decode (timed and
+    untimed), where to add its decode time, and how it names damage."""
     encoding = "jpg"
 
     def __init__(self, blobs):
@@ -138,6 +138,11 @@ class _FakeIndex:
         with Image.open(io.BytesIO(data)) as im:
             arr = np.asarray(im)
         return arr[:, :, None] if arr.ndim == 2 else arr
+
+    decode_untimed = decode  # the batched path times decoding itself
+
+    def damaged(self, i, reason):
+        raise AssertionError(f"sample {i} reported damaged: {reason}")
 
     def pixels(self, i):
         return self.decode(self.blobs[i])
