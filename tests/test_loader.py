@@ -267,3 +267,23 @@ def test_augment_output_contract():
     assert plain.min() >= 0 and plain.max() <= 1 and plain.shape == (64, 3, 32, 32)
     with pytest.raises(ValueError, match="2 values for 3 channels"):
         TorchAugment(AugmentSpec(ops=[Normalize(mean=[0.1, 0.2])]))(x)
+
+
+def test_a_batch_spanning_more_shards_than_stay_open_reads_every_sample_right(tmp_path):
+    """read_batch over more shards than MAX_OPEN file descriptors: each read from its own file
+    (an evicted, closed descriptor must never be read from), the same bytes as one by one."""
+    from conftest import FMNIST_INGEST
+    from sluice.stages.data.config import IngestConfig
+    from sluice.stages.data.shard import ShardConfig, shard_dataset
+    from sluice.stages.load.sample_index import MAX_OPEN, SampleIndex
+    s = shard_dataset(IngestConfig(**FMNIST_INGEST), tmp_path,
+                      ShardConfig(shard_samples=16, formats=["webdataset", "dali"], workers=1, progress=False))
+    art = open_artifact(s.root)
+    si = SampleIndex(art, "train", sums=art.sums("train")["tar"])
+    assert len(si.tars) > MAX_OPEN
+    order = np.random.default_rng(0).permutation(si.count)
+    datas, damage = si.read_batch(order)
+    assert not damage
+    one_by_one = SampleIndex(art, "train")
+    assert all(d == one_by_one.read(int(i)) for d, i in zip(datas, order))
+    assert all(np.array_equal(si.decode(d), one_by_one.pixels(int(i))) for d, i in zip(datas[:50], order[:50]))

@@ -100,6 +100,11 @@ class Guard:
         self.dropped(len(damage))
 
 
+def mismatch(index: int, file: str, got: int, want: int, what: str = "image member") -> Damage:
+    """The damage of a sample whose checksum ``got`` is not the ``want`` written for it."""
+    return Damage(int(index), file, f"{what} checksum {int(got):08x}, written as {int(want):08x}")
+
+
 def check_rows(guard: Guard, column: np.ndarray | None, actual: np.ndarray, idx: np.ndarray, file: str,
                what: str) -> list[Damage]:
     """Damage for each position where ``actual`` (checksums of what was read) differs from the
@@ -107,5 +112,4 @@ def check_rows(guard: Guard, column: np.ndarray | None, actual: np.ndarray, idx:
     if column is None:
         return []
     wrong = np.flatnonzero(column[idx] != actual)
-    return [Damage(int(idx[k]), file, f"{what} checksum {int(actual[k]):08x}, written as "
-                                       f"{int(column[idx[k]]):08x}") for k in wrong]
+    return [mismatch(idx[k], file, actual[k], column[idx[k]], what) for k in wrong]

@@ -15,7 +15,7 @@ from collections import OrderedDict
 import numpy as np
 
 from sluice.errors import ArtifactError, CorruptSample
-from sluice.stages.load.integrity import Damage
+from sluice.stages.load.integrity import Damage, mismatch
 from sluice.stages.load.timings import Timings
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.manifest import FileRecord
@@ -73,7 +73,6 @@ class SampleIndex:
                 else:
                     raise ArtifactError(f"{sh.dali_index.path}: sample {k} has no .{ext} member")
         self._fds: OrderedDict[int, int] = OrderedDict()
-        self._npy_header: int | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -98,41 +97,41 @@ class SampleIndex:
         return fd
 
     def read(self, i: int) -> bytes:
-        s, off, size = int(self.shard_of[i]), int(self.offset[i]), int(self.size[i])
-        fd = self._fd(s)
-        t = time.perf_counter()
-        data = os.pread(fd, size, off)
-        self.timings.add("read", time.perf_counter() - t)
-        if len(data) != size:
-            raise ArtifactError(f"{self.tars[s].path} is truncated: sample {i} needs bytes {off}..{off + size}")
-        if self.sums is not None:
-            got = zlib.crc32(data)
-            if got != self.sums[i]:
-                raise self.damaged(i, f"image member checksum {got:08x}, written as {int(self.sums[i]):08x}")
+        """Sample ``i``'s stored bytes, checked against its checksum (``CorruptSample`` if not)."""
+        (data,), damage = self.read_batch([i])
+        if damage:
+            raise self.damaged(i, damage[0].reason)
         return data
 
     def read_batch(self, idx) -> tuple[list[bytes | None], list[Damage]]:
         """``read`` for a whole batch: each sample's bytes (None for a damaged one) and the damage
-        found, in order. The per-sample work is one ``pread`` and one CRC; the checksums are
+        found, in order. Reads go shard by shard (each file descriptor is used while it is open:
+        at most ``MAX_OPEN`` stay open), one ``pread`` and one CRC a sample; the checksums are
         compared in one vectorised step and the read time is added once."""
         idx = np.asarray(idx, np.int64).reshape(-1)
-        shards, offs, sizes = self.shard_of[idx].tolist(), self.offset[idx].tolist(), self.size[idx].tolist()
-        fds = {s: self._fd(s) for s in dict.fromkeys(shards)}  # opened (or fetched) before the clock starts
-        pread = os.pread
-        t = time.perf_counter()
-        datas: list[bytes | None] = [pread(fds[s], n, o) for s, n, o in zip(shards, sizes, offs)]
-        self.timings.add("read", time.perf_counter() - t)
-        for k, (d, n) in enumerate(zip(datas, sizes)):
-            if len(d) != n:
-                s, o, i = shards[k], offs[k], int(idx[k])
-                raise ArtifactError(f"{self.tars[s].path} is truncated: sample {i} needs bytes {o}..{o + n}")
+        shards, offs, sizes = self.shard_of[idx], self.offset[idx], self.size[idx]
+        datas: list[bytes | None] = [None] * len(idx)
+        pread, spent = os.pread, 0.0
+        by_shard = np.argsort(shards, kind="stable")
+        for group in np.split(by_shard, np.flatnonzero(np.diff(shards[by_shard])) + 1) if len(idx) else []:
+            s = int(shards[group[0]])
+            fd = self._fd(s)  # opened (or fetched, timed by itself) before the clock starts
+            t = time.perf_counter()
+            for k in group.tolist():
+                datas[k] = pread(fd, int(sizes[k]), int(offs[k]))
+            spent += time.perf_counter() - t
+            for k in group.tolist():
+                if len(datas[k]) != sizes[k]:
+                    o, n = int(offs[k]), int(sizes[k])
+                    raise ArtifactError(f"{self.tars[s].path} is truncated: sample {int(idx[k])} needs bytes "
+                                        f"{o}..{o + n}")
+        self.timings.add("read", spent)
         damage: list[Damage] = []
         if self.sums is not None and len(idx):
             got = np.fromiter(map(zlib.crc32, datas), np.uint32, len(datas))
             want = self.sums[idx]
             for k in np.flatnonzero(got != want).tolist():
-                damage.append(Damage(int(idx[k]), self.tars[shards[k]].path,
-                                     f"image member checksum {int(got[k]):08x}, written as {int(want[k]):08x}"))
+                damage.append(mismatch(idx[k], self.tars[int(shards[k])].path, got[k], want[k]))
                 datas[k] = None
         return datas, damage
 
@@ -160,14 +159,8 @@ class SampleIndex:
 
     def decode_untimed(self, data: bytes) -> np.ndarray:
         """``decode`` without adding to ``timings`` (a caller timing a whole batch)."""
-        if self.encoding == "npy":
-            if self.shape is not None:  # the pixels are the member's last bytes: no header parsed
-                return np.frombuffer(data, np.uint8, offset=len(data) - self.nbytes).reshape(self.shape)
-            if self._npy_header is None:
-                arr = np.load(io.BytesIO(data), allow_pickle=False)
-                self._npy_header = len(data) - arr.nbytes
-                return arr
-            return np.frombuffer(data, np.uint8, offset=self._npy_header).reshape(self.shape)
+        if self.encoding == "npy":  # fixed shape: the pixels are the member's last bytes, no header parsed
+            return np.frombuffer(data, np.uint8, offset=len(data) - self.nbytes).reshape(self.shape)
         from PIL import Image
         with Image.open(io.BytesIO(data)) as im:
             arr = np.asarray(im)

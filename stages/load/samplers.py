@@ -226,8 +226,8 @@ class SubsetSampler:
     its replay): the inner sampler orders positions in ``subset``, which map to split indices,
     so per-sample state stays aligned to the split index."""
 
-    def __init__(self, inner: Sampler, subset: np.ndarray, n: int):
-        self.inner, self.subset, self.n = inner, subset, n
+    def __init__(self, inner: Sampler, subset: np.ndarray):
+        self.inner, self.subset = inner, subset
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -295,7 +295,7 @@ def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndar
         inner_cfg = cfg.model_copy(update={"subset": None, "scores": None})
         inner = build_sampler(inner_cfg, sub.size, global_batch,
                               None if scores is None else np.asarray(scores)[sub])
-        return SubsetSampler(inner, sub, n)
+        return SubsetSampler(inner, sub)
     if cfg.kind == "shard_block":
         if not shard_sizes or sum(shard_sizes) != n:
             raise LoaderError(f"the shard_block sampler needs the split's shard sizes summing to {n}; "

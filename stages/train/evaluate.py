@@ -100,7 +100,7 @@ def per_sample_losses(checkpoint: str | os.PathLike, artifact: str | os.PathLike
     order = np.asarray(indices, dtype=np.int64)
     loader = Loader(artifact, LoaderConfig(split=split, batch_size=batch_size, backend=backend, augment=spec,
                                            drop_last=False, prefetch=1),
-                    custom_sampler=SubsetSampler(SequentialSampler(order.size), order, -1))
+                    custom_sampler=SubsetSampler(SequentialSampler(order.size), order))
     layout = torch.channels_last if cfg.get("channels_last") else torch.contiguous_format
     model.to(memory_format=layout)
     out = np.empty(order.size, dtype=np.float32)

@@ -179,7 +179,7 @@ class DaliBackend(Backend):
                 return None
         if self.encoding == "npy":
             # the pixels are the member's last prod(shape) bytes: no header is parsed
-            nbytes = int(np.prod(self.shape))
+            nbytes = self.index.nbytes
             images = [np.frombuffer(d, np.uint8, offset=len(d) - nbytes).reshape(self.shape) for d in data]
         else:
             images = [np.frombuffer(d, np.uint8) for d in data]

@@ -15,7 +15,7 @@ from sluice.errors import ArtifactError, SluiceError, require
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
                                               decoded_sample_bytes)
 from sluice.stages.load.decode import opencv, pixels_batch
-from sluice.stages.load.integrity import Damage, Guard
+from sluice.stages.load.integrity import Damage, Guard, mismatch
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.stages.procs import fork_safe
 from sluice.storage.artifact import DatasetArtifact
@@ -105,8 +105,9 @@ class WebDatasetBackend(Backend):
             where = named.get(sample.get("__url__"), sample.get("__url__", "?"))
             if not 0 <= idx < count:
                 return Damage(-1, where, f"member {sample.get('__key__')!r} has no valid split index")
-            if sums is not None and zlib.crc32(data) != sums[idx]:
-                return Damage(idx, where, f"image member checksum {zlib.crc32(data):08x}, written as {int(sums[idx]):08x}")
+            got = zlib.crc32(data) if sums is not None else None
+            if got is not None and got != sums[idx]:
+                return mismatch(idx, where, got, sums[idx])
             if ext == "npy":
                 img = np.load(io.BytesIO(data), allow_pickle=False)
             else:
