@@ -72,10 +72,11 @@ def overlap(trained: np.ndarray, graded: np.ndarray) -> int:
 
 
 def ensure_unseen(model: str, trained: np.ndarray, artifact_root: str | os.PathLike, split: str,
-                  trained_where: str) -> int:
+                  trained_where: str, graded: np.ndarray | None = None) -> int:
     """Refuse (``GradedOnTrainingData``) to grade ``model`` on ``split`` of ``artifact_root`` when
-    it trained on any of that split's samples; returns the number of samples checked."""
-    graded = split_key_hashes(artifact_root, [split])
+    it trained on any of that split's samples; returns the number of samples checked. ``graded``:
+    that split's key hashes, when the caller has them already."""
+    graded = split_key_hashes(artifact_root, [split]) if graded is None else graded
     n = overlap(trained, graded)
     if n:
         raise GradedOnTrainingData(

@@ -16,7 +16,6 @@ import numpy as np
 
 from sluice.errors import GradedOnTrainingData
 from sluice.stages.train.evaluate import evaluate_checkpoint
-from sluice.storage.artifact import open_artifact
 from sluice.storage.lineage import ensure_unseen, split_key_hashes
 from sluice.storage.registry import ModelRecord, Registry
 
@@ -28,13 +27,14 @@ def trained_splits(needs_il: bool) -> list[str]:
 
 
 def grade(checkpoint: str | os.PathLike, name: str, trained: np.ndarray, trained_where: str,
-          artifact_root: str | os.PathLike, split: str) -> dict[str, Any]:
-    """Evaluate ``checkpoint`` on ``split`` after proving it trained on none of its samples."""
-    checked = ensure_unseen(name, trained, artifact_root, split, trained_where)
+          artifact_root: str | os.PathLike, split: str, graded: np.ndarray | None = None) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` on ``split`` after proving it trained on none of its samples
+    (``graded``: the split's key hashes, read once for every model graded on it)."""
+    checked = ensure_unseen(name, trained, artifact_root, split, trained_where, graded)
     return {**evaluate_checkpoint(checkpoint, artifact_root, split), "unseen_checked": checked}
 
 
-def candidate_lineage(artifact_root: str | os.PathLike, needs_il: bool,
+def candidate_lineage(artifact_root: str | os.PathLike, fingerprint: str, needs_il: bool,
                       inherited: np.ndarray | None = None) -> tuple[str, list[str], np.ndarray]:
     """(fingerprint, splits, key hashes) a candidate trained on this version learnt from; a warm
     start ``inherited`` its parent's, which count as its own."""
@@ -42,7 +42,7 @@ def candidate_lineage(artifact_root: str | os.PathLike, needs_il: bool,
     hashes = split_key_hashes(artifact_root, splits)
     if inherited is not None:
         hashes = np.union1d(hashes, inherited)
-    return open_artifact(artifact_root).fingerprint, splits, hashes
+    return fingerprint, splits, hashes
 
 
 def champion_lineage(reg: Registry, champ: ModelRecord, datasets_dir: str | os.PathLike) -> tuple[np.ndarray, str]:

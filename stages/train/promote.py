@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sluice.stages.train.grading import candidate_lineage, champion_lineage, grade
+from sluice.storage.lineage import split_key_hashes
 from sluice.storage.manifest import SPLITS
 from sluice.storage.registry import Registry
 
@@ -42,9 +43,10 @@ def evaluate_and_promote(promotion: PromotionConfig, registry_dir: str | os.Path
     reg = Registry(registry_dir)
     warm = trained.get("warm") or {}
     inherited = reg.trained_hashes(reg.get(warm["parent_model"])) if warm.get("parent_model") else None
-    lineage = candidate_lineage(data["root"], needs_il, inherited)
+    lineage = candidate_lineage(data["root"], data["fingerprint"], needs_il, inherited)
     where = f"{lineage[1]} of this version" + (f" and its parent {warm['parent_model']}'s" if inherited is not None else "")
-    cand = grade(trained["checkpoint"], "candidate", lineage[2], where, data["root"], split)  # decides
+    graded = split_key_hashes(data["root"], [split])  # read once: the candidate and the champion are graded on it
+    cand = grade(trained["checkpoint"], "candidate", lineage[2], where, data["root"], split, graded)  # decides
     report = grade(trained["checkpoint"], "candidate", lineage[2], where, data["root"], reported) \
         if reported != split else cand
     eval_split = f"{data['fingerprint'][:16]}/{split}"
@@ -53,9 +55,9 @@ def evaluate_and_promote(promotion: PromotionConfig, registry_dir: str | os.Path
     if champ is not None and (champ.eval_split != eval_split or champ.metric != promotion.metric):
         # Before registering: a refusal here leaves the registry as it was.
         hashes, champ_where = champion_lineage(reg, champ, datasets_dir)
-        graded = grade(reg.checkpoint_path(champ), f"champion {champ.model_id}", hashes, champ_where,
-                       data["root"], split)
-        now, champ_checked = graded["acc"], graded["unseen_checked"]
+        regraded = grade(reg.checkpoint_path(champ), f"champion {champ.model_id}", hashes, champ_where,
+                         data["root"], split, graded)
+        now, champ_checked = regraded["acc"], regraded["unseen_checked"]
     rec = reg.register(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
                        metric=promotion.metric, value=cand["acc"],
                        metrics={split: cand, reported: report, **trained["summary"]},
