@@ -35,11 +35,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for(port: int, proc: subprocess.Popen) -> None:
+def _wait_for(port: int, proc: subprocess.Popen, log) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the S3 server exited: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"the S3 server exited: {log.read_text()[-2000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
@@ -67,6 +67,7 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         conn.request(self.command, self.path, body=body, headers=headers)
         r = conn.getresponse()
         data = r.read()
+        conn.close()  # every path: an upstream connection left open holds moto's server on it
         key = self.path.split("?")[0]
         how = next((v for k, v in self.spoil.items() if key.endswith(k)), None) if self.command == "GET" else None
         if how is not None and r.status in (200, 206):
@@ -90,7 +91,6 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(data)
-        conn.close()
 
     do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
 
@@ -100,12 +100,15 @@ def s3(tmp_path_factory):
     """The S3 server, reached by s3fs through the environment (as a user's own endpoint would
     be), and a proxy in front of it for the spoiled-download test."""
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # its request log goes to a file: a pipe nobody reads fills (64 KB) and the server blocks on it
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as err:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=subprocess.DEVNULL, stderr=err)
     proxy = None
     old = dict(os.environ)
     try:
-        _wait_for(port, server)
+        _wait_for(port, server, log)
         _Flaky.upstream = port
         proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
