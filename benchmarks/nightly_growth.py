@@ -225,10 +225,13 @@ def steps_per_pass(cfg: dict[str, Any], keys: list[str]) -> int:
     return max(1, n // c.ranks() // c.train.batch_size)
 
 
-def version_bytes(root: Path) -> tuple[int, int]:
-    """(every file's bytes, the manifest's) of one dataset version."""
+def version_bytes(root: Path) -> tuple[int, int, int]:
+    """(every file's bytes written into the version's directory, the manifest's, and the bytes of
+    every file the version reads, its parents' included: what the whole version would take)."""
+    from sluice.storage.manifest import read_manifest
     files = [p for p in root.rglob("*") if p.is_file()]
-    return sum(p.stat().st_size for p in files), (root / "manifest.json").stat().st_size
+    return (sum(p.stat().st_size for p in files), (root / "manifest.json").stat().st_size,
+            read_manifest(root).total_bytes())
 
 
 def overlaps(data_root: Path, version: Path, model_id: str) -> dict[str, Any]:
@@ -260,15 +263,16 @@ def run_sluice(arm: str, data_root: Path, npz: Path, night: dict[str, Any], seed
                            f"{out.stderr[-4000:]}")
     r = json.loads(line[len("RESULT "):])
     version = Path(r["dataset"]["root"])
-    total, manifest = version_bytes(version)
-    samples = sum(r["dataset"]["counts"].values())  # the test split's too: it is rewritten as well
-    # samples whose stored bytes are new tonight: on night 0 all of them (the test split too)
+    total, manifest, whole = version_bytes(version)
+    samples = sum(r["dataset"]["counts"].values())  # every split's, the test split's too
+    # samples whose stored bytes are new tonight: on night 0 all of them (the test split too),
+    # at the whole version's bytes per sample (an incremental version's own files hold fewer)
     changed = samples if night["night"] == 0 else night["added"] + night["relabelled"]
     p = r.pop("promotion")
     return {**r, "test_acc": p["test_acc"], "shard_s": r["dataset"]["seconds"],
             "bytes_written": 0 if r["dataset"]["reused"] else total,
             "manifest_bytes": 0 if r["dataset"]["reused"] else manifest,
-            "new_sample_bytes": (total - manifest) * changed / max(samples, 1),
+            "new_sample_bytes": whole * changed / max(samples, 1),
             "eval_every_steps": cfg["train"]["eval_every_steps"], "promotion": p,
             "overlap": overlaps(data_root, version, p["model_id"])}
 

@@ -61,7 +61,7 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     t1 = time.perf_counter()
     il_path = None
     if c.selection.needs_il:  # as the flow: the IL model only where it is used
-        hx, hy = split_arrays(s.root, "holdout")
+        hx, hy = split_arrays(s.root, "holdout", live_only=True)
         tx, ty = split_arrays(s.root, "train")
         il_path = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, s.manifest.fingerprint,
                                           c.scores_dir()).path

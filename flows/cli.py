@@ -104,6 +104,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    import json
+    from sluice.storage.gc import collect
+    report = collect(args.root, keep=args.keep, dry_run=args.dry_run, on_wait=lambda who: print(
+        f"sluice gc: {args.root} is locked by {who} (a shard run writing a version, or another gc); "
+        "waiting for it", file=sys.stderr, flush=True))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="Data-centric, efficient training pipelines.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -151,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--full", action="store_true", help="also re-hash every file against the manifest's sha256")
     v.add_argument("--json", action="store_true", help="the report as JSON")
     v.set_defaults(fn=cmd_verify)
+
+    g = sub.add_parser("gc", help="remove old versions of a dataset, keeping the newest and those in use",
+                       description="Remove the versions under the dataset root ROOT other than the KEEP newest, "
+                                   "the one LATEST names and those a reader has open; files that kept versions "
+                                   "still read stay. Directories without a manifest (being written) are never "
+                                   "touched. Exit 1 when something could not be removed.")
+    g.add_argument("root", help="a dataset root (the directory holding the versions and LATEST)")
+    g.add_argument("--keep", type=int, default=3, metavar="N", help="newest versions to keep (default: 3)")
+    g.add_argument("--dry-run", action="store_true", help="remove nothing; report what would go")
+    g.add_argument("--json", action="store_true", help="the report as JSON")
+    g.set_defaults(fn=cmd_gc)
     return p
 
 

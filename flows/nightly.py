@@ -95,7 +95,7 @@ def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root:
     from sluice.stages.select.il_model import irreducible_loss_scores
     t0 = time.perf_counter()
     cfg = SelectionConfig.model_validate(selection)
-    hx, hy = split_arrays(root, "holdout")
+    hx, hy = split_arrays(root, "holdout", live_only=True)  # the IL model never trains on removed samples
     tx, ty = split_arrays(root, "train")
     s = irreducible_loss_scores(cfg.il, hx, hy, tx, ty, fingerprint, scores_root)
     get_run_logger().info(f"irreducible loss {'reused' if s.extra.get('reused') else 'computed'}: {s.path}")
@@ -171,6 +171,15 @@ def verify_task(root: str, on_corrupt: str) -> dict[str, Any]:
     return {"ok": r.ok, "samples": r.samples, "seconds": r.seconds, "unchecked": r.unchecked,
             "damaged": [{"file": d.file, "index": d.index, "key": d.key} for d in r.damaged[:100]],
             "damaged_count": len(r.damaged)}
+
+
+@task(name="gc-dataset-versions")
+def gc_task(dataset_dir: str, keep: int) -> dict[str, Any]:
+    """Drop the dataset versions past the newest ``keep`` (and their files no kept version reads)."""
+    from sluice.storage.gc import collect
+    report = collect(dataset_dir, keep=keep)
+    get_run_logger().info(report.format())
+    return report.to_dict()
 
 
 @task(name="evaluate-and-promote")
@@ -267,4 +276,7 @@ def nightly(config: PipelineConfig | None = None) -> dict[str, Any]:
     started_at = time.time()  # what time-to-accuracy counts from
     c = _config(config)
     data = prepare(c)
-    return {**train(c, data), "started_at": started_at}
+    out = {**train(c, data), "started_at": started_at}
+    if c.keep_versions is not None:  # after training: the version trained on is the newest
+        out["gc"] = gc_task(str(c.dataset_dir()), c.keep_versions)
+    return out

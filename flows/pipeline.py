@@ -112,6 +112,9 @@ class PipelineConfig(BaseModel):
                                             "dask://host:port (a Dask cluster via prefect-dask; workers must "
                                             "see the same paths)")
     train_timeout_s: float = Field(3600, gt=0)
+    keep_versions: int | None = Field(7, ge=1, description="the nightly flow ends with `sluice gc --keep N` on "
+                                      "the dataset's versions (incremental versions reuse their parents' files, "
+                                      "so the space is freed only there); None: keep every version")
 
     @model_validator(mode="before")
     @classmethod

@@ -14,23 +14,68 @@ import numpy as np
 
 from sluice.storage.cache import ArtifactCache
 from sluice.storage.fingerprint import sha256_file
+from sluice.storage.locking import SharedLease
 from sluice.storage.manifest import MANIFEST_NAME, ArtifactError, FileRecord, Manifest, read_manifest
-from sluice.storage.paths import filesystem, is_local, join, local_path, read_bytes
+from sluice.storage.paths import filesystem, is_local, join, local_path, read_bytes, version_file
 from sluice.storage.sums import SUMS_DTYPE
 
 LATEST = "LATEST"
+READERS = ".readers"  # <dataset root>/.readers/<version>.lock: the readers' leases (storage/gc.py)
+
+
+def reader_lock_file(version_dir: str | os.PathLike) -> Path:
+    """The lock a reader of the local version at ``version_dir`` holds shared while it reads, and
+    that ``sluice gc`` must take exclusively to remove the version."""
+    p = local_path(version_dir).resolve()
+    return p.parent / READERS / f"{p.name}.lock"
 
 
 class DatasetArtifact:
     """A complete, immutable dataset artifact (a directory with a manifest). A remote one gets
-    ``cache`` (default: an unlimited ``ArtifactCache`` under ``default_cache_dir()``)."""
+    ``cache`` (default: an unlimited ``ArtifactCache`` under ``default_cache_dir()``).
+
+    A local one holds a reader's lease (a shared lock on ``reader_lock_file(root)``) from when it
+    is opened until ``close()``, the end of its ``with`` block, or its garbage collection:
+    ``sluice gc`` never removes a version a reader holds. Where the lock cannot be made (a
+    read-only filesystem) it is read without one."""
 
     def __init__(self, root: str | os.PathLike, cache: ArtifactCache | None = None):
         self.root = os.fspath(root)
+        self._lease: SharedLease | None = None
         self.manifest: Manifest = read_manifest(self.root)
         self.cache: ArtifactCache | None = None
         if not is_local(self.root):
             self.cache = cache or ArtifactCache(self.root, self.manifest.fingerprint)
+        else:
+            self._take_lease()
+            # gc removes the manifest first, holding the lease's lock: read before it, so check
+            if not os.path.exists(join(self.root, MANIFEST_NAME)):
+                self.close()
+                read_manifest(self.root)  # raises: no dataset artifact (collected meanwhile)
+
+    def _take_lease(self) -> None:
+        self._lease = SharedLease.acquire(reader_lock_file(self.root))
+
+    def close(self) -> None:
+        """Give up the reader's lease (the files stay readable; ``sluice gc`` may now remove
+        this version unless another reader holds it). Idempotent."""
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
+
+    def __enter__(self) -> "DatasetArtifact":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_lease": None}  # a descriptor means nothing in another process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.cache is None and is_local(self.root):
+            self._take_lease()  # the copy (a spawned worker's) holds its own lease
 
     def __repr__(self) -> str:
         return f"DatasetArtifact({self.root!r}, fingerprint={self.manifest.fingerprint[:16]})"
@@ -40,8 +85,10 @@ class DatasetArtifact:
         return self.manifest.fingerprint
 
     def path(self, record: FileRecord | str) -> str:
-        rel = record.path if isinstance(record, FileRecord) else record
-        return join(self.root, *rel.split("/"))
+        """The file's URL or path: this version's directory, or the ancestor's that holds it."""
+        if isinstance(record, FileRecord):
+            return version_file(self.root, record.path, record.version)
+        return join(self.root, *record.split("/"))
 
     def local(self, record: FileRecord | str) -> Path:
         """Local filesystem path of a file (loaders that pread or mmap need one); for a remote
@@ -63,6 +110,23 @@ class DatasetArtifact:
     def labels(self, split: str) -> np.ndarray:
         rec = self.manifest.split(split).labels
         return np.load(io.BytesIO(self.local(rec).read_bytes()), allow_pickle=False)
+
+    def live(self, split: str) -> np.ndarray:
+        """The split indices a reader may yield, sorted: all but those removed in this version
+        or an ancestor (deleted from the source, or their content changed)."""
+        s = self.manifest.split(split)
+        if not s.removed:
+            return np.arange(s.count, dtype=np.int64)
+        mask = np.ones(s.count, bool)
+        mask[np.asarray(s.removed, np.int64)] = False
+        return np.flatnonzero(mask).astype(np.int64)
+
+    def stored_labels(self, split: str) -> np.ndarray:
+        """The labels the split's sample files carry (labels.npy but for relabels since)."""
+        out = self.labels(split).copy()
+        for r in self.manifest.split(split).relabelled:
+            out[r.index] = r.stored
+        return out
 
     def keys(self, split: str) -> list[str]:
         rec = self.manifest.split(split).keys
@@ -102,8 +166,8 @@ class DatasetArtifact:
         for name in names:
             s = self.manifest.split(name)
             small = [r for sh in s.shards for r in (sh.dali_index,) if r] + \
-                    [r for r in (s.labels, s.keys, s.sums) if r]
-            for rec in [r for sh in s.shards for r in (sh.tar,)] + ([s.ffcv] if s.ffcv else []):
+                    [r for r in (s.labels, s.keys, s.sums, s.content) if r]
+            for rec in [r for sh in s.shards for r in (sh.tar,)] + [p.file for p in s.ffcv_files()]:
                 verify_file(self.path(rec), rec, deep=deep)
             for rec in small:
                 verify_file(self.path(rec), rec, deep=True)
@@ -131,10 +195,13 @@ class DatasetArtifact:
                     raise mismatch(f"the index {sh.dali_index.path}", n, sh.count)
         if s.shards and first != s.count:
             raise mismatch(f"its {len(s.shards)} tar shards together", first)
-        if s.ffcv is not None:
-            n = int.from_bytes(_head(self.path(s.ffcv), 16)[8:16], "little")  # FFCV header: num_samples
-            if n != s.count:
-                raise mismatch(f"the FFCV file {s.ffcv.path}", n)
+        for part in s.ffcv_files():
+            n = int.from_bytes(_head(self.path(part.file), 16)[8:16], "little")  # FFCV header: num_samples
+            if n != part.count or part.count < 0:
+                raise mismatch(f"the FFCV file {part.file.path}", n, part.count)
+        if s.removed and (s.removed != sorted(set(s.removed)) or s.removed[0] < 0 or s.removed[-1] >= s.count):
+            raise ArtifactError(f"{self.root}: split {name!r} lists removed indices that are repeated, unsorted "
+                                f"or outside 0..{s.count - 1}; re-shard, or restore the original manifest")
         raw = _head(self.path(s.labels), 256)
         try:
             f = io.BytesIO(raw)
@@ -158,7 +225,7 @@ class _LocalFiles:
         self.root = root
 
     def __call__(self, rec: FileRecord) -> Path:
-        return local_path(join(self.root, *rec.path.split("/")))
+        return local_path(version_file(self.root, rec.path, rec.version))
 
 
 def verify_file(path: str, rec: FileRecord, deep: bool = True) -> None:
@@ -196,6 +263,14 @@ def open_artifact(path: str | os.PathLike, cache_dir: str | os.PathLike | None =
     fs, p = filesystem(s)
     if not fs.exists(join(p, MANIFEST_NAME)) and fs.exists(join(p, LATEST)):
         version = read_bytes(join(s, LATEST)).decode().strip()
+        if is_local(s):
+            try:
+                return DatasetArtifact(join(s, version))
+            except ArtifactError:  # collected between reading LATEST and the lease: LATEST moved on
+                again = read_bytes(join(s, LATEST)).decode().strip()
+                if again == version:
+                    raise
+                version = again
         s = join(s, version)
     if is_local(s):
         return DatasetArtifact(s)

@@ -26,7 +26,7 @@ from typing import Iterator
 
 from sluice.errors import ArtifactError
 from sluice.storage.manifest import FileRecord
-from sluice.storage.paths import filesystem, join
+from sluice.storage.paths import filesystem, version_file
 
 CHUNK = 4 << 20
 
@@ -44,6 +44,8 @@ class ArtifactCache:
                  max_bytes: int | None = None, retries: int = 3, ahead: int = 2):
         self.root = root
         self.dir = Path(cache_dir or default_cache_dir()).expanduser() / fingerprint[:16]
+        # a file reused from an ancestor version is cached under that version's name, shared
+        # with every reader of the ancestor and of its other descendants
         self.max_bytes, self.retries, self.ahead = max_bytes, retries, ahead
         self.stats = {"fetched": 0, "fetched_bytes": 0, "hits": 0, "retried": 0, "evicted": 0,
                       "fetch_s": 0.0}
@@ -66,7 +68,7 @@ class ArtifactCache:
     # ------------------------------------------------------------------ reading
     def __call__(self, rec: FileRecord) -> Path:
         """The local path of ``rec``: verified, fetched now if it is not cached yet."""
-        path = self.dir / rec.path
+        path = self._local(rec)
         if self._present(path, rec):
             self.stats["hits"] += 1
             with contextlib.suppress(OSError):
@@ -80,8 +82,14 @@ class ArtifactCache:
         except OSError:
             return False
 
+    def _local(self, rec: FileRecord) -> Path:
+        if rec.version is None:
+            return self.dir / rec.path
+        version_file(self.root, rec.path, rec.version)  # validates the name
+        return self.dir.parent / rec.version / rec.path
+
     def fetch(self, rec: FileRecord) -> Path:
-        path = self.dir / rec.path
+        path = self._local(rec)
         with self._lock(f"file-{rec.sha256[:24]}"):
             if self._present(path, rec):  # another process or thread fetched it meanwhile
                 return path
@@ -96,7 +104,7 @@ class ArtifactCache:
         return path
 
     def _download(self, rec: FileRecord, path: Path) -> Path:
-        url = join(self.root, *rec.path.split("/"))
+        url = version_file(self.root, rec.path, rec.version)
         fs, remote = filesystem(url)
         path.parent.mkdir(parents=True, exist_ok=True)
         problem = ""
@@ -204,7 +212,7 @@ class ArtifactCache:
                 if gen != self._plan_gen:  # a new plan: every file of it is to be fetched again
                     gen, done = self._plan_gen, set()
                 todo = [(k, r) for k, r in enumerate(self._plan[: self._pos + 1 + self.ahead])
-                        if r.path not in done]
+                        if (r.version, r.path) not in done]
                 if not todo:
                     self._cond.wait(timeout=1.0)
                     continue
@@ -214,7 +222,7 @@ class ArtifactCache:
             except BaseException as e:  # noqa: BLE001 - handed to the reader at its next advance
                 with self._cond:
                     self._error = e
-            done.add(rec.path)
+            done.add((rec.version, rec.path))
 
 
 # Lock files open in this process. An flock belongs to the open file, which a fork shares: a

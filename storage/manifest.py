@@ -12,6 +12,17 @@ Layout of one artifact (``<root>/<fingerprint[:16]>/``)::
     <split>/labels.npy           int64 labels aligned to the split index
     <split>/keys.txt             sample keys aligned to the split index, one per line
     <split>/sums.npy             per-sample CRC-32s aligned to the split index (storage/sums.py)
+    <split>/content.npy          CRC-32 of each sample's decoded pixels: what tells a changed sample
+                                 from an unchanged one when the next version is written
+
+**Incremental versions.** A version written on top of a parent (``parent``) lists the parent's
+files it reuses with ``FileRecord.version`` = the parent directory that holds them (a sibling of
+this one under the dataset root); a split's index space is the parent's, unchanged, with the new
+samples appended (new tar shards and a new ``.beton`` part, ``SplitRecord.ffcv_parts``). A sample
+the source no longer has, or whose content changed, stays in the files but is listed in
+``SplitRecord.removed``: no backend yields it (the loader orders live indices only). A relabelled
+sample keeps its stored bytes; ``labels.npy`` holds its new label and ``SplitRecord.relabelled``
+the label its files still carry. ``delta`` says what this version changed against its parent.
 
 ``sums`` is an optional field of the split record, not a new schema version: an artifact written
 before it (no sums) stays readable, its samples unchecked (the loader warns once). A Sluice
@@ -44,9 +55,26 @@ class _Model(BaseModel):
 
 class FileRecord(_Model):
     """One file of the artifact, with what a reader needs to verify it."""
-    path: str  # relative to the artifact root, '/'-separated
+    path: str  # relative to the root of the version that holds it, '/'-separated
     bytes: int
     sha256: str
+    # The sibling version directory holding the file (an ancestor's, reused); None: this one.
+    version: str | None = None
+
+
+class FfcvPart(_Model):
+    """A ``.beton`` holding the split indices ``first_index .. first_index + count - 1`` (its
+    records' ``index`` field says the split index; FFCV's own sample ids start at 0 per file)."""
+    file: FileRecord
+    first_index: int
+    count: int
+
+
+class Relabel(_Model):
+    """A sample whose label changed after its files were written: ``labels.npy`` has the new
+    label, the tar's ``.cls`` and the ``.beton`` still hold ``stored``."""
+    index: int
+    stored: int
 
 
 class ShardRecord(_Model):
@@ -64,7 +92,43 @@ class SplitRecord(_Model):
     labels: FileRecord
     keys: FileRecord
     sums: FileRecord | None = None  # per-sample checksums (storage/sums.py); None: written before them
-    class_counts: list[int] = Field(default_factory=list)
+    content: FileRecord | None = None  # per-sample CRC-32 of the decoded pixels; None: written before it
+    class_counts: list[int] = Field(default_factory=list)  # over live samples
+    # Incremental versions: .beton files after ``ffcv`` (which then holds indices 0..), the indices
+    # no backend may yield (removed from the source, or content changed), sorted, and relabels.
+    ffcv_parts: list[FfcvPart] = Field(default_factory=list)
+    removed: list[int] = Field(default_factory=list)
+    relabelled: list[Relabel] = Field(default_factory=list)
+
+    @property
+    def live_count(self) -> int:
+        return self.count - len(self.removed)
+
+    def ffcv_files(self) -> list[FfcvPart]:
+        """Every ``.beton`` of the split with the indices it holds, in index order."""
+        if self.ffcv is None:
+            return []
+        first = self.count - sum(p.count for p in self.ffcv_parts)
+        return [FfcvPart(file=self.ffcv, first_index=0, count=first), *self.ffcv_parts]
+
+    def files(self) -> list[FileRecord]:
+        out: list[FileRecord] = []
+        for sh in self.shards:
+            out.append(sh.tar)
+            if sh.dali_index:
+                out.append(sh.dali_index)
+        out += [p.file for p in self.ffcv_files()]
+        return out + [r for r in (self.labels, self.keys, self.sums, self.content) if r]
+
+
+class Delta(_Model):
+    """What a version changed against its parent, by key."""
+    added: dict[str, int] = Field(default_factory=dict)  # split -> samples appended (new keys)
+    removed: list[str] = Field(default_factory=list)  # keys the source no longer has
+    changed: list[str] = Field(default_factory=list)  # keys whose pixels changed (old index removed, re-added)
+    relabelled: list[str] = Field(default_factory=list)  # keys whose label changed (bytes reused)
+    reused_bytes: int = 0  # bytes of the parent's files this version uses as they are
+    written_bytes: int = 0  # bytes this version wrote (its own files, manifest excluded)
 
 
 class ImageFieldSpec(_Model):
@@ -122,6 +186,14 @@ class Manifest(_Model):
     quarantine: list[QuarantineRecord] = Field(default_factory=list)
     damaged_sources: list[DamageRecord] = Field(default_factory=list)
     formats: list[Literal["webdataset", "dali", "ffcv"]]
+    parent: str | None = None  # the version this one was written on top of (its directory name)
+    # The hash of the source's content and the config alone (``fingerprint`` also hashes the
+    # parent's): equal for two versions of the same source state, however they were written.
+    inputs: str | None = None
+    delta: Delta | None = None
+    # Why this version was written whole although an earlier version exists (parent unreadable,
+    # another config, no per-sample content sums): the clear, recorded outcome of a refused parent.
+    parent_refused: str | None = None
 
     @property
     def quarantined(self) -> int:
@@ -132,17 +204,11 @@ class Manifest(_Model):
 
     def files(self) -> list[FileRecord]:
         """Every file the manifest vouches for, in a stable order."""
-        out: list[FileRecord] = []
-        for name in sorted(self.splits):
-            s = self.splits[name]
-            for sh in s.shards:
-                out.append(sh.tar)
-                if sh.dali_index:
-                    out.append(sh.dali_index)
-            if s.ffcv:
-                out.append(s.ffcv)
-            out += [s.labels, s.keys] + ([s.sums] if s.sums else [])
-        return out
+        return [f for name in sorted(self.splits) for f in self.splits[name].files()]
+
+    def own_files(self) -> list[FileRecord]:
+        """The files this version wrote itself (not reused from an ancestor)."""
+        return [f for f in self.files() if f.version is None]
 
     def total_bytes(self) -> int:
         return sum(f.bytes for f in self.files())

@@ -69,3 +69,20 @@ def read_bytes(url: str | os.PathLike) -> bytes:
     fs, path = filesystem(url)
     with fs.open(path, "rb") as f:
         return f.read()
+
+
+def parent_url(url: str | os.PathLike) -> str:
+    """The directory holding ``url`` (a local path's parent, or a URL's), scheme kept."""
+    s = os.fspath(url).rstrip("/")
+    if is_local(s):
+        return str(local_path(s).absolute().parent)
+    return posixpath.dirname(s)
+
+
+def version_file(root: str | os.PathLike, rel: str, version: str | None = None) -> str:
+    """Where a file of the artifact at ``root`` lies: ``rel`` under ``root`` itself, or, for a
+    file reused from another version (``version``), under that sibling directory."""
+    if version is not None and (not version or "/" in version or version in (".", "..")):
+        raise ValueError(f"bad version directory name {version!r}")  # never a path out of the root
+    base = join(parent_url(root), version) if version else os.fspath(root)
+    return join(base, *rel.split("/"))

@@ -44,6 +44,11 @@ class IngestConfig(BaseModel):
             raise ValueError("holdout_fraction + val_fraction + test_fraction must be < 1")
         return self
 
+    def membership_fingerprint(self) -> str:
+        """What decides a key's split (not ``limit``, which only decides which keys exist): two
+        configs with the same one put every shared key in the same split."""
+        return hash_obj(self.model_dump(exclude={"source", "kind", "keep_damaged", "limit"}))
+
     def split_fingerprint(self) -> str:
         """What, besides the source content, decides which sample lands in which split."""
         # keep_damaged only decides whether a damaged source may be used at all: the same
@@ -69,6 +74,9 @@ class ShardConfig(BaseModel):
                                         "before it is decoded: decompression bombs")
     workers: int | None = Field(None, ge=1, description="processes; default: all cores")
     progress: bool = True
+    incremental: bool = Field(True, description="write a new version of a grown or changed source on top of "
+                              "the newest one under the same output (LATEST): only new and changed samples "
+                              "are written, the rest reused (storage/manifest.py); false: every version whole")
 
     @model_validator(mode="after")
     def _formats(self) -> "ShardConfig":
@@ -86,7 +94,7 @@ class ShardConfig(BaseModel):
         later count only when set away from their default, so existing artifacts keep their
         fingerprints."""
         later = {k for k, v in _LATER_DEFAULTS.items() if getattr(self, k) == v}
-        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction"} | later))
+        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction", "incremental"} | later))
 
 
 class PrepareConfig(BaseModel):

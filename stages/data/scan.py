@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +16,7 @@ from sluice.stages.data.encode import ShardJob
 from sluice.stages.data.split import SplitPlan
 from sluice.stages.procs import map_forked
 from sluice.storage import atomic
+from sluice.storage.sums import crc32
 
 SCAN_FILE = ".scan.json"
 Shape = tuple[int, int, int]
@@ -34,6 +35,9 @@ class ScanResult:
     good: dict[str, list[PlannedSample]]  # our split -> usable samples, in split-index order
     bad: list[dict]  # quarantine records (split, key, where, reason)
     shape: Shape | None  # the fixed (H, W, C), or None for variable-size RGB images
+    # our split -> CRC-32 of each good sample's prepared pixels (aligned to ``good``): what tells
+    # a changed sample from an unchanged one across versions (``content.npy``)
+    content: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -42,8 +46,8 @@ class ScanResult:
 
 def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[tuple]:
     """Decode and validate each (source split, index) of a chunk (in a pool worker): per sample
-    ``(key, where, label, shape, None)``, or ``(key, where, None, None, reason)`` when it is
-    unusable. Plain tuples: they cross the process boundary by the thousand."""
+    ``(key, where, label, shape, None, content crc)``, or ``(key, where, None, None, reason, 0)``
+    when it is unusable. Plain tuples: they cross the process boundary by the thousand."""
     out = []
     for sp, i in chunk:
         key, where = job.source.describe(sp, i)
@@ -51,10 +55,15 @@ def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[tuple]:
             s = job.source.load(sp, i)
             key, where = s.key, s.where
             pixels, label = job.prepare(s)
-            out.append((key, where, label, pixels.shape, None))
+            out.append((key, where, label, pixels.shape, None, content_crc(pixels)))
         except SampleError as e:
-            out.append((key, where, None, None, str(e)))
+            out.append((key, where, None, None, str(e), 0))
     return out
+
+
+def content_crc(pixels) -> int:
+    """CRC-32 of a sample's prepared pixels and shape: equal for a sample whose content did not change."""
+    return crc32(repr(tuple(pixels.shape)).encode() + pixels.tobytes())
 
 
 def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> ScanResult:
@@ -64,30 +73,34 @@ def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> 
     sizes = {k: len(v) for k, v in plan.items()}
     if scan_path.exists():
         saved = json.loads(scan_path.read_text())
-        if saved.get("plan_sizes") == sizes:
+        if saved.get("plan_sizes") == sizes and "content" in saved:
             good = {s: [PlannedSample(*g) for g in items] for s, items in saved["good"].items()}
-            return ScanResult(good, saved["bad"], tuple(saved["shape"]) if saved["shape"] else None)
+            return ScanResult(good, saved["bad"], tuple(saved["shape"]) if saved["shape"] else None,
+                              saved["content"])
     n = sum(sizes.values())
     step = max(64, min(2000, n // (workers * 8) or 64))
     chunks = [(split, items[k:k + step]) for split, items in plan.items() for k in range(0, len(items), step)]
     good: dict[str, list[PlannedSample]] = {s: [] for s in plan}
     shapes: dict[str, list[tuple[Shape, str]]] = {s: [] for s in plan}  # and where each came from
     bad: list[dict] = []
+    crcs: dict[tuple[str, int], int] = {}
     for (split, items), res in zip(chunks, map_forked(check_chunk, job, [c for _, c in chunks], workers)):
         g, sh = good[split], shapes[split]
-        for (sp, i), (key, where, label, shape, reason) in zip(items, res):
+        for (sp, i), (key, where, label, shape, reason, crc) in zip(items, res):
             if reason is None:
                 g.append(PlannedSample(sp, i, key, label))
                 sh.append((shape, where))
+                crcs[(sp, i)] = crc
             else:
                 bad.append({"split": split, "key": key, "where": where, "reason": reason})
         progress(len(items))
     shape = _fixed_shape(good, shapes, bad, job.config)
     good = {split: _dedupe(items) for split, items in good.items()}
+    content = {split: [crcs[(g.source_split, g.source_index)] for g in items] for split, items in good.items()}
     atomic.write_bytes(scan_path, json.dumps({"plan_sizes": sizes, "good": good, "bad": bad,
-                                              "shape": list(shape) if shape else None},
+                                              "shape": list(shape) if shape else None, "content": content},
                                              separators=(",", ":")).encode())
-    return ScanResult(good, bad, shape)
+    return ScanResult(good, bad, shape, content)
 
 
 def _fixed_shape(good: dict[str, list[PlannedSample]], shapes: dict[str, list[tuple[Shape, str]]],

@@ -153,10 +153,15 @@ def _indexed_member_sums(art: DatasetArtifact, sh, ext: str, path) -> list[int]:
 
 def _check_beton(art: DatasetArtifact, split: str, sums: np.ndarray, labels: np.ndarray) -> list[Damaged]:
     """Each image field's stored bytes where FFCV reads them (the record's pointer), and each
-    record's label and index against labels.npy and the split index."""
-    rec = art.manifest.split(split).ffcv
-    if rec is None:
-        return []
+    record's label and index against the labels as stored and the split index, in every
+    ``.beton`` part of the split."""
+    stored = art.stored_labels(split) if art.manifest.split(split).relabelled else labels
+    return [d for part in art.manifest.split(split).ffcv_files()
+            for d in _check_beton_part(art, split, part.file, part.first_index, sums, stored)]
+
+
+def _check_beton_part(art: DatasetArtifact, split: str, rec, first: int, sums: np.ndarray,
+                      labels: np.ndarray) -> list[Damaged]:
     path = art.local(rec)
     try:
         _, fields, meta, alloc = read_layout(str(path))
@@ -173,16 +178,16 @@ def _check_beton(art: DatasetArtifact, split: str, sums: np.ndarray, labels: np.
         sizes = dict(zip(alloc["ptr"].tolist(), alloc["size"].tolist()))
         size = np.array([sizes.get(int(p), -1) for p in ptr], np.int64)
     out = []
-    for i in range(len(ptr)):
-        p, n = int(ptr[i]), int(size[i])
+    for k in range(len(ptr)):
+        i, p, n = first + k, int(ptr[k]), int(size[k])
         if n < 0 or p + n > len(raw):
             out.append(Damaged(split, rec.path, i, "", "its record points outside the stored images"))
             continue
         got = zlib.crc32(raw[p:p + n])
         if got != sums[i]:
             out.append(Damaged(split, rec.path, i, "", f"image field checksum {got:08x}, written as {int(sums[i]):08x}"))
-        elif label[i] != labels[i] or index[i] != i:
-            out.append(Damaged(split, rec.path, i, "", f"its record says label {int(label[i])}, index {int(index[i])}; "
+        elif label[k] != labels[i] or index[k] != i:
+            out.append(Damaged(split, rec.path, i, "", f"its record says label {int(label[k])}, index {int(index[k])}; "
                                                         f"written as label {int(labels[i])}, index {i}"))
     return out
 

@@ -14,7 +14,8 @@ from sluice.stages.load.arrays import ArrayLoader
 from sluice.stages.load.augment import AugmentSpec, TorchAugment
 from sluice.stages.load.backends import LOADER_BACKENDS
 from sluice.stages.load.config import LoaderConfig
-from sluice.stages.load.loader import Loader, split_arrays
+from sluice.stages.load.arrays import split_arrays
+from sluice.stages.load.loader import Loader
 from sluice.stages.load.samplers import ResolutionSchedule, SamplerConfig, build_sampler
 
 __all__ = ["Loader", "LoaderConfig", "AugmentSpec", "TorchAugment", "SamplerConfig",

@@ -11,6 +11,7 @@ batch — with the rest of the epoch.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,6 +23,7 @@ from sluice.errors import LoaderError
 from sluice.stages.data.sources.idx import read_idx
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler
+from sluice.storage.artifact import DatasetArtifact, open_artifact
 
 
 class ArrayLoader:
@@ -129,3 +131,21 @@ def fashion_mnist(split: str = "train", root: str | None = None) -> tuple[np.nda
     r = Path(root)
     return (read_idx(r / f"{prefix}-images-idx3-ubyte.gz"),
             read_idx(r / f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64))
+
+
+def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str,
+                 live_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The whole split as (uint8 NHWC images, int64 labels), index-aligned: for scorers such as
+    the irreducible-loss model that want every sample at once. ``live_only``: without the
+    samples a later version removed (what a model may train on; no longer index-aligned)."""
+    art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
+    be = _memory_backend()(art, split, os.cpu_count() or 1)
+    if live_only and art.manifest.split(split).removed:
+        live = art.live(split)
+        return be.images[live], be.labels[live]
+    return be.images, be.labels
+
+
+def _memory_backend():
+    from sluice.stages.load.backends import LOADER_BACKENDS
+    return LOADER_BACKENDS.get("memory")

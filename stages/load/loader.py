@@ -28,45 +28,11 @@ from sluice.errors import ArtifactError, LoaderError
 from sluice.stages.contracts import Batch, Sampler
 from sluice.stages.load.augment import TorchAugment, batch_seed
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
-from sluice.stages.load.budget import memory_budget
+from sluice.stages.load.choice import resolve_backend
 from sluice.stages.load.config import LoaderConfig
 from sluice.stages.load.epochs import EpochCursor
-from sluice.stages.load.samplers import build_sampler
+from sluice.stages.load.samplers import LiveSampler, build_sampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
-
-
-def resolve_backend(artifact: DatasetArtifact, config: LoaderConfig) -> tuple[str, str]:
-    """The backend to use and why. ``auto`` takes the first of ``memory``, ``ffcv`` (where the split
-    has a ``.beton``) and ``webdataset`` whose working memory (``Backend.working_bytes``: the decoded
-    split for memory, the buffers in flight for a streaming backend) fits the loader's memory budget
-    (``stages/load/budget.py``, or ``memory_budget_bytes``); where none fits, the smallest."""
-    if config.backend != "auto":
-        return config.backend, f"{config.backend}, as configured"
-    rec = artifact.manifest.split(config.split)
-    candidates = ["memory", *(["ffcv"] if rec.ffcv else []), "webdataset"]
-    if artifact.manifest.fields.image.shape is None:
-        stream = candidates[1]
-        return stream, f"auto → {stream}: the images have variable sizes (memory needs one shape)"
-    if config.memory_budget_bytes is not None:
-        budget, why = config.memory_budget_bytes, f"loader.memory_budget_bytes {config.memory_budget_bytes / 1e9:.2f} GB"
-    else:
-        b = memory_budget()
-        budget, why = b.bytes, b.explain()
-    needs = {c: LOADER_BACKENDS.get(c).working_bytes(artifact, config.split, config) for c in candidates}
-
-    def holds(c: str) -> str:
-        return f"{c} needs {needs[c] / 1e9:.2f} GB ({LOADER_BACKENDS.get(c).holds})"
-    fits = [c for c in candidates if needs[c] <= budget]
-    if not fits:
-        pick = min(candidates, key=needs.__getitem__)
-        return pick, (f"auto → {pick}: every backend needs more than the {why} "
-                      f"({', '.join(holds(c) for c in candidates)}); {pick} needs least")
-    pick = fits[0]
-    passed = candidates[:candidates.index(pick)]
-    if not passed:
-        return pick, f"auto → {pick}: {holds(pick)}, within the {why}"
-    return pick, (f"auto → {pick}: {', '.join(holds(c) for c in passed)}: more than the {why}; "
-                  f"{holds(pick)}, within it")
 
 
 class Loader:
@@ -102,8 +68,12 @@ class Loader:
         self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
         self._scores, self._custom = scores, custom_sampler is not None
         self._shard_sizes = [sh.count for sh in m.splits[cfg.split].shards]
+        # A version that removed samples keeps their indices: no order may hold them.
+        self._live = self.artifact.live(cfg.split) if m.splits[cfg.split].removed else None
+        if custom_sampler is not None and self._live is not None:
+            custom_sampler = LiveSampler(custom_sampler, self._live, self.n)
         self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores,
-                                                       self._shard_sizes)
+                                                       self._shard_sizes, self._live)
         if len(self.sampler) == 0:
             raise LoaderError("the sampler yields no samples")
         # the epoch position, global so a resume at another world size continues the epoch
@@ -162,7 +132,7 @@ class Loader:
                 or self.config.sampler.kind != "curriculum":
             return self.sampler.epoch_order(epoch)
         return build_sampler(self.config.sampler, self.n, global_batch, self._scores,
-                             self._shard_sizes).epoch_order(epoch)
+                             self._shard_sizes, self._live).epoch_order(epoch)
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's index order for an epoch (what the batches will carry, in order)."""
@@ -404,14 +374,6 @@ class _OnStream(NamedTuple):
         for t in self.batch:
             t.record_stream(cur)
         return self.batch
-
-
-def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """The whole split as (uint8 NHWC images, int64 labels), index-aligned: for scorers such as
-    the irreducible-loss model that want every sample at once."""
-    art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
-    be = LOADER_BACKENDS.get("memory")(art, split, os.cpu_count() or 1)
-    return be.images, be.labels
 
 
 def _is_int(v: Any) -> bool:

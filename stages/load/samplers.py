@@ -236,6 +236,26 @@ class SubsetSampler:
         return self.subset[self.inner.epoch_order(epoch)]
 
 
+class LiveSampler:
+    """Another sampler's order with the removed indices dropped: for ``shard_block`` (whose
+    blocks follow the shards' index ranges, so it orders the whole split first) and for a
+    caller's own sampler. Its length is that of epoch 0's filtered order (a permutation's:
+    the live count)."""
+
+    def __init__(self, inner: Sampler, live: np.ndarray, n: int):
+        self.inner, self.mask = inner, np.zeros(n, bool)
+        self.mask[live] = True
+        first = inner.epoch_order(0)
+        self.n = int(self.mask[first].sum())
+
+    def __len__(self) -> int:
+        return self.n
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        order = self.inner.epoch_order(epoch)
+        return order[self.mask[order]]
+
+
 def load_subset(path: str, n: int) -> np.ndarray:
     """Split indices to draw from: distinct, in range, sorted, not empty."""
     if not os.path.exists(path):
@@ -280,22 +300,29 @@ def load_scores(path: str, n: int, what: str) -> np.ndarray:
 
 
 def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndarray | None = None,
-                  shard_sizes: list[int] | None = None) -> Sampler:
+                  shard_sizes: list[int] | None = None, live: np.ndarray | None = None) -> Sampler:
     """The sampler for a split of ``n`` samples; ``scores`` overrides ``cfg.scores``;
-    ``shard_sizes`` (samples per shard, in split-index order) is what ``shard_block`` needs."""
+    ``shard_sizes`` (samples per shard, in split-index order) is what ``shard_block`` needs;
+    ``live`` (sorted split indices) are the only ones it may yield: a version that removed
+    samples (``SplitRecord.removed``) keeps their indices, and no order ever holds them."""
     if n == 0:
         raise LoaderError("the split is empty: nothing to sample")
+    if live is not None and live.size < n:
+        if live.size == 0:
+            raise LoaderError("every sample of the split was removed: nothing to sample")
+        if cfg.kind == "shard_block":
+            return LiveSampler(build_sampler(cfg, n, global_batch, scores, shard_sizes), live, n)
+        sub = live
+        if cfg.subset:
+            sub = np.intersect1d(load_subset(cfg.subset, n), live)
+            if sub.size == 0:
+                raise LoaderError(f"every index of the sampler subset {cfg.subset} was removed from the split")
+        return _over_subset(cfg, n, global_batch, scores, sub)
     if cfg.subset:
         if cfg.kind in ("shard_block", "curriculum"):
             raise LoaderError(f"the {cfg.kind} sampler orders the whole split; a subset needs sequential, "
                               "shuffle or weighted")
-        sub = load_subset(cfg.subset, n)
-        if scores is None and cfg.scores:
-            scores = load_scores(cfg.scores, n, "scores")
-        inner_cfg = cfg.model_copy(update={"subset": None, "scores": None})
-        inner = build_sampler(inner_cfg, sub.size, global_batch,
-                              None if scores is None else np.asarray(scores)[sub])
-        return SubsetSampler(inner, sub)
+        return _over_subset(cfg, n, global_batch, scores, load_subset(cfg.subset, n))
     if cfg.kind == "shard_block":
         if not shard_sizes or sum(shard_sizes) != n:
             raise LoaderError(f"the shard_block sampler needs the split's shard sizes summing to {n}; "
@@ -318,3 +345,16 @@ def build_sampler(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndar
     ramp = max(1, int(cfg.ramp_epochs * math.ceil(n / global_batch)))
     return CurriculumSampler(scores, global_batch, ramp, cfg.pacing, cfg.start_fraction, cfg.growth,
                              cfg.anti, cfg.seed)
+
+
+def _over_subset(cfg: SamplerConfig, n: int, global_batch: int, scores: np.ndarray | None,
+                 sub: np.ndarray) -> Sampler:
+    """The configured sampler over the split indices ``sub`` (their scores, in their order)."""
+    if cfg.kind == "shard_block":
+        raise LoaderError("the shard_block sampler orders the whole split; a subset needs sequential, "
+                          "shuffle, weighted or curriculum")
+    if scores is None and cfg.scores:
+        scores = load_scores(cfg.scores, n, "scores")
+    inner_cfg = cfg.model_copy(update={"subset": None, "scores": None})
+    inner = build_sampler(inner_cfg, sub.size, global_batch, None if scores is None else np.asarray(scores)[sub])
+    return SubsetSampler(inner, sub)

@@ -91,9 +91,18 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     if theirs != ours:
         return _refuse(warm, f"champion {champ.model_id} is a {theirs}, tonight's model a {ours}")
     root, split = job.data.root, job.data.loader.split
-    train = hash_keys(open_artifact(root).keys(split))
+    art = open_artifact(root)
+    train = hash_keys(art.keys(split))
     seen = np.isin(train, hashes)
-    old, new = np.flatnonzero(seen), np.flatnonzero(~seen)
+    # only live samples: a removed one is never trained on; a changed one (same key, new pixels,
+    # appended at a new index) counts as new, whatever the champion saw under its key
+    live = np.zeros(train.size, bool)
+    live[art.live(split)] = True
+    changed = np.zeros(train.size, bool)
+    gone = np.flatnonzero(~live)
+    if gone.size:
+        changed = live & np.isin(train, train[gone])
+    old, new = np.flatnonzero(seen & live & ~changed), np.flatnonzero(live & (~seen | changed))
     shared = old.size / max(champ.trained_on.count, 1)
     if shared < warm.min_shared:
         return _refuse(warm, f"only {shared:.0%} of champion {champ.model_id}'s training samples are in "

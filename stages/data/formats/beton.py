@@ -25,6 +25,9 @@ import numpy as np
 
 VERSION = 2
 MIN_PAGE_SIZE = 1 << 21  # FFCV's smallest page (2 MiB); pages are powers of two
+# FFCV's writer refuses pages under 2 MiB (a huge page), its reader takes any power of two: the
+# parts of incremental versions use 64 KiB pages (tests/test_ffcv_parts.py reads them with FFCV)
+PART_PAGE_SIZE = 1 << 16
 HEADER = np.dtype([("version", "<u2"), ("num_fields", "<u2"), ("page_size", "<u4"),
                    ("num_samples", "<u8"), ("alloc_table_ptr", "<u8")], align=True)
 FIELD_DESCRIPTOR = np.dtype([("type_id", "<u1"), ("name", ("<u1", 16)), ("arguments", ("<u1", (1024,)))],
@@ -125,9 +128,11 @@ def metadata_type(fields: Sequence[Field]) -> np.dtype:
     return np.dtype([("", f.metadata) for f in fields], align=True)
 
 
-def page_size_for(sample_bytes: int | None) -> int:
-    """At least four samples to a page; variable-size samples (``None``) get 8 MiB pages."""
-    page = MIN_PAGE_SIZE if sample_bytes else 4 * MIN_PAGE_SIZE
+def page_size_for(sample_bytes: int | None, small: bool = False) -> int:
+    """At least four samples to a page; variable-size samples (``None``) get 8 MiB pages.
+    ``small``: from ``PART_PAGE_SIZE`` (a later version's part of a few new samples, where a
+    2 MiB page and the padding to its boundary would outweigh the samples themselves)."""
+    page = (PART_PAGE_SIZE if small else MIN_PAGE_SIZE) if sample_bytes else 4 * MIN_PAGE_SIZE
     while page < 4 * (sample_bytes or 0):
         page *= 2
     return page
@@ -178,8 +183,8 @@ def write_beton(fp: BinaryIO, fields: dict[str, Field], samples: Iterable[Sequen
     """Write ``count`` samples (one value per field, in ``fields``' order) to ``fp``, an empty
     file opened for reading and writing. With ``checksum`` (a field name), return the CRC-32 of
     the bytes that field stored for each sample (``storage/sums.py``), taken as they are written."""
-    if page_size < MIN_PAGE_SIZE or page_size & (page_size - 1):
-        raise ValueError(f"page_size must be a power of two of at least {MIN_PAGE_SIZE}, not {page_size}")
+    if page_size < PART_PAGE_SIZE or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two of at least {PART_PAGE_SIZE}, not {page_size}")
     kinds = list(fields.values())
     header = np.zeros(1, dtype=HEADER)
     header["version"], header["num_fields"] = VERSION, len(kinds)

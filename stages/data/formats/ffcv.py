@@ -30,9 +30,15 @@ FAILED = ".ffcv-failed"  # written by earlier versions; removed when an artifact
 SUMS = ".ffcv-sums.npy"  # the .beton's image checksums, until the manifest's sums.npy takes them in
 
 
-def _samples(items: list[PlannedSample], job: ShardJob):
+def beton_name(first_index: int) -> str:
+    """A split's .beton: ``data.beton`` from index 0; a later version's part of new samples,
+    ``data-<first index>.beton``."""
+    return "data.beton" if first_index == 0 else f"data-{first_index:010d}.beton"
+
+
+def _samples(items: list[PlannedSample], job: ShardJob, first_index: int = 0):
     """Each sample's (image, label, index, key bytes), decoded again from the source."""
-    for n, (sp, i, key, label) in enumerate(items):
+    for n, (sp, i, key, label) in enumerate(items, first_index):
         try:
             pixels, _ = job.prepare(job.source.load(sp, i))
         except Exception as e:  # noqa: BLE001 - named and reported to the stage
@@ -55,14 +61,15 @@ def ffcv_field_kind(cfg: ShardConfig, shape: tuple[int, int, int] | None) -> str
     return "rgb_image" if rgb and (cfg.encoding == "jpg" or shape is None) else "ndarray"
 
 
-def _write_ffcv(path: Path, items: list[PlannedSample], job: ShardJob, shape) -> None:
-    """One split's .beton, published atomically."""
+def _write_ffcv(path: Path, items: list[PlannedSample], job: ShardJob, shape, first_index: int = 0) -> None:
+    """One split's .beton (its records' ``index`` from ``first_index``), published atomically."""
     fields = _ffcv_fields(job.config, shape)
-    page = beton.page_size_for(int(np.prod(shape)) if shape else None)
+    page = beton.page_size_for(int(np.prod(shape)) if shape else None, small=first_index > 0)
 
     with atomic.atomic_path(path) as tmp:
         with open(tmp, "w+b") as fp:
-            sums = beton.write_beton(fp, fields, _samples(items, job), len(items), page, checksum="image")
+            sums = beton.write_beton(fp, fields, _samples(items, job, first_index), len(items), page,
+                                      checksum="image")
         # the checksums land just before the .beton, so a finished .beton always has them
         atomic.write_with(path.parent / SUMS, lambda t: t.write_bytes(_npy_bytes(sums)))
 
@@ -78,17 +85,22 @@ class FfcvWriter:
     """Writes every split's .beton in a forked child: beside the tar pool (``background``), or
     after it. ``finish`` waits for the child and raises its error; ``abort`` kills it."""
 
-    def __init__(self, work: Path, good: dict[str, list[PlannedSample]], job: ShardJob, shape):
+    def __init__(self, work: Path, good: dict[str, list[PlannedSample]], job: ShardJob, shape,
+                 first_index: dict[str, int] | None = None):
         self.work, self.good, self.job, self.cfg = work, good, job, job.config
         self.shape = shape
+        self.first = first_index or {}  # per split: the split index of good[split][0] (a later version's part)
         self.proc: mp.Process | None = None
         self.conn = None
+
+    def path(self, split: str) -> Path:
+        return self.work / split / beton_name(self.first.get(split, 0))
 
     def todo(self) -> list[str]:
         if "ffcv" not in self.cfg.formats:
             return []
         return [s for s, items in self.good.items()
-                if items and not ((self.work / s / "data.beton").exists() and (self.work / s / SUMS).exists())]
+                if items and not (self.path(s).exists() and (self.work / s / SUMS).exists())]
 
     def _child(self, parent: int, conn) -> None:
         die_with_parent(parent)
@@ -97,7 +109,7 @@ class FfcvWriter:
         try:
             for split in self.todo():
                 (self.work / split).mkdir(parents=True, exist_ok=True)
-                _write_ffcv(self.work / split / "data.beton", self.good[split], self.job, self.shape)
+                _write_ffcv(self.path(split), self.good[split], self.job, self.shape, self.first.get(split, 0))
         except BaseException as e:  # noqa: BLE001 - reported to the parent through the pipe
             with contextlib.suppress(Exception):
                 conn.send(str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
