@@ -9,7 +9,11 @@ cached, and the profile can tell storage time from decode time.
 With ``checked`` (a batch's indices -> the offsets and sizes of the ranges to check, one per
 sample), the thread also takes the CRC-32 of each such range from the bytes it has just read
 (no second read, and off the loader's thread); ``crcs(b)`` hands batch ``b``'s checksums to the
-reader, which compares them before it yields the batch.
+reader, which compares them before it yields the batch. A reader that can checksum a batch
+itself (an FFCV ndarray field: its decoded pixels are its stored bytes) asks with ``poll(b)``
+instead, which does not wait: when the thread is behind (small samples, its per-sample reads
+short of the GIL on a busy host), the reader checks that batch itself, and the thread skips the
+batches already taken rather than read them for nothing.
 """
 from __future__ import annotations
 
@@ -46,10 +50,22 @@ class Readahead:
         self._thread.start()
 
     def taken(self, n: int) -> None:
-        """The reader has taken ``n`` batches."""
+        """The reader has taken ``n`` batches (the thread skips any of them it has not read yet)."""
         with self._cond:
             self._next = n
+            for b in [b for b in self._crcs if b < n]:  # checked by the reader itself (``poll``)
+                del self._crcs[b]
             self._cond.notify_all()
+
+    def poll(self, b: int) -> np.ndarray | None:
+        """``crcs(b)`` if the thread has read batch ``b`` already, else None (without waiting:
+        a reader that can check the batch itself does so rather than wait)."""
+        with self._cond:
+            if b in self._crcs:
+                return self._crcs.pop(b)
+            if self._error is not None:
+                raise self._error
+            return None
 
     def crcs(self, b: int) -> np.ndarray:
         """The CRC-32 of each checked range of batch ``b`` (waits for the thread to read it)."""
@@ -81,6 +97,8 @@ class Readahead:
                         self._cond.wait()
                     if self._stop:
                         return
+                    if b < self._next:  # taken already (checked by the reader): too late to help
+                        continue
                 t = time.perf_counter()
                 if self.checked is not None:
                     offs, sizes = self.checked(idx)
