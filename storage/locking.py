@@ -20,16 +20,7 @@ def exclusive(lock_file: str | os.PathLike, on_wait: Callable[[str], None] | Non
     When another process holds it, ``on_wait(holder)`` is called once with who holds it (pid,
     host, since when; the holder writes that into the file) and this process waits its turn.
     """
-    path = Path(lock_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                f.seek(0)
-                on_wait(f.read().strip() or "another process")
-            fcntl.flock(f, fcntl.LOCK_EX)
+    with _locked(lock_file, fcntl.LOCK_EX, on_wait) as f:
         try:
             f.seek(0)
             f.truncate()
@@ -40,7 +31,6 @@ def exclusive(lock_file: str | os.PathLike, on_wait: Callable[[str], None] | Non
         finally:
             with contextlib.suppress(OSError):
                 f.truncate(0)
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -49,18 +39,25 @@ def shared(lock_file: str | os.PathLike, on_wait: Callable[[str], None] | None =
     of shared holders at once, none while an exclusive holder has it (then ``on_wait(holder)`` is
     called once, as in ``exclusive``, and this process waits). A shared holder writes nothing
     into the file (the others' record stays)."""
+    with _locked(lock_file, fcntl.LOCK_SH, on_wait):
+        yield
+
+
+@contextlib.contextmanager
+def _locked(lock_file: str | os.PathLike, mode: int, on_wait: Callable[[str], None] | None):
+    """The open lock file, locked in ``mode``: at once, or after telling ``on_wait`` who holds it."""
     path = Path(lock_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             if on_wait is not None:
                 f.seek(0)
                 on_wait(f.read().strip() or "another process")
-            fcntl.flock(f, fcntl.LOCK_SH)
+            fcntl.flock(f, mode)
         try:
-            yield
+            yield f
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
