@@ -306,7 +306,7 @@ def run_seed(seed: int, arms: list[str], sch: dict[str, int], recipe: dict[str, 
     out: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for night in plan_nights(seed, sch, fm["y"]):
         n = night["night"]
-        npz = d / f"fashion-mnist-night{n}.npz"
+        npz = d / "fashion-mnist.npz"  # one path, rewritten each night: a growing source, as a user's is
         write_night(npz, night, fm, sch["test_images"])
         for arm in arms:
             la = load_average()
