@@ -121,10 +121,15 @@ class DatasetArtifact:
         mask[np.asarray(s.removed, np.int64)] = False
         return np.flatnonzero(mask).astype(np.int64)
 
-    def stored_labels(self, split: str) -> np.ndarray:
-        """The labels the split's sample files carry (labels.npy but for relabels since)."""
-        out = self.labels(split).copy()
-        for r in self.manifest.split(split).relabelled:
+    def stored_labels(self, split: str, labels: np.ndarray | None = None) -> np.ndarray:
+        """The labels the split's sample files carry (labels.npy but for relabels since);
+        ``labels``: the split's labels.npy when the caller has read it already."""
+        relabelled = self.manifest.split(split).relabelled
+        base = self.labels(split) if labels is None else labels
+        if not relabelled:
+            return base
+        out = base.copy()
+        for r in relabelled:
             out[r.index] = r.stored
         return out
 

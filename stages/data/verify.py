@@ -155,7 +155,7 @@ def _check_beton(art: DatasetArtifact, split: str, sums: np.ndarray, labels: np.
     """Each image field's stored bytes where FFCV reads them (the record's pointer), and each
     record's label and index against the labels as stored and the split index, in every
     ``.beton`` part of the split."""
-    stored = art.stored_labels(split) if art.manifest.split(split).relabelled else labels
+    stored = art.stored_labels(split, labels)
     return [d for part in art.manifest.split(split).ffcv_files()
             for d in _check_beton_part(art, split, part.file, part.first_index, sums, stored)]
 

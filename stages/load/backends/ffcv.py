@@ -69,7 +69,7 @@ class FfcvBackend(Backend):
         self.timings = Timings()
         self.labels = artifact.labels(split)  # what a batch carries: relabels take effect
         # what the records hold: labels.npy but for the samples relabelled since they were written
-        self._stored = artifact.stored_labels(split) if rec.relabelled else self.labels
+        self._stored = artifact.stored_labels(split, self.labels)
         self._sums = self.guard.column("ffcv")
         self.parts = [_Part(artifact, p, self) for p in rec.ffcv_files()]
         self._firsts = np.array([p.first for p in self.parts], np.int64)
