@@ -197,13 +197,15 @@ print("RESULT " + json.dumps({
 """
 
 
-def sluice_config(arm: str, root: Path, source: Path, seed: int, quick: bool) -> dict[str, Any]:
+def sluice_config(arm: str, root: Path, source: Path, seed: int, quick: bool,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The arm's config for one night; ``extra`` (a sweep's settings) goes over the arm's own."""
     from sluice.flows.config import merge
     over = {"data_root": str(root),
             "prepare": {"ingest": {"source": str(source)}, "shard": {"progress": False}},
             "train": {"seed": seed, "progress": False, **({"epochs": QUICK_EPOCHS} if quick else {})},
             "loader": {"seed": seed, "sampler": {"seed": seed}}, "selection": {"seed": seed}}
-    return merge(over, SLUICE_ARMS[arm])
+    return merge(merge(over, SLUICE_ARMS[arm]), extra or {})
 
 
 def steps_per_pass(cfg: dict[str, Any], keys: list[str]) -> int:
@@ -252,8 +254,9 @@ def overlaps(data_root: Path, version: Path, model_id: str) -> dict[str, Any]:
     return out
 
 
-def run_sluice(arm: str, data_root: Path, npz: Path, night: dict[str, Any], seed: int, quick: bool) -> dict[str, Any]:
-    cfg = sluice_config(arm, data_root, npz, seed, quick)
+def run_sluice(arm: str, data_root: Path, npz: Path, night: dict[str, Any], seed: int, quick: bool,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = sluice_config(arm, data_root, npz, seed, quick, extra)
     cfg["train"]["eval_every_steps"] = steps_per_pass(cfg, [f"fm-{i}" for i in night["shown"]])
     out = subprocess.run([sys.executable, "-c", NIGHT, json.dumps(cfg)], capture_output=True, text=True,
                          cwd=ROOT, timeout=3 * 3600)

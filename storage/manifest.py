@@ -174,6 +174,9 @@ class DamageRecord(_Model):
     reason: str
 
 
+MAX_ANCESTORS = 1000  # a version a night: years of lineage in a few tens of KiB
+
+
 class Manifest(_Model):
     schema_version: int = SCHEMA_VERSION
     fingerprint: str  # hash of source content + config + schema: same inputs, same artifact
@@ -187,6 +190,10 @@ class Manifest(_Model):
     damaged_sources: list[DamageRecord] = Field(default_factory=list)
     formats: list[Literal["webdataset", "dali", "ffcv"]]
     parent: str | None = None  # the version this one was written on top of (its directory name)
+    # The fingerprints of the versions this one descends from, nearest first (at most
+    # MAX_ANCESTORS): "is version A an ancestor of this one" without reading A, which gc may
+    # have removed.
+    ancestors: list[str] = Field(default_factory=list)
     # The hash of the source's content and the config alone (``fingerprint`` also hashes the
     # parent's): equal for two versions of the same source state, however they were written.
     inputs: str | None = None

@@ -45,7 +45,7 @@ from sluice.storage.artifact import LATEST
 from sluice.storage.gc import GC_LOCK
 from sluice.storage.fingerprint import combine, hash_obj, sha256_file
 from sluice.storage.locking import exclusive, shared
-from sluice.storage.manifest import (SCHEMA_VERSION, SPLITS, DamageRecord, FfcvPart, FieldSpecs, FileRecord,
+from sluice.storage.manifest import (MAX_ANCESTORS, SCHEMA_VERSION, SPLITS, DamageRecord, FfcvPart, FieldSpecs, FileRecord,
                                      ImageFieldSpec, LabelFieldSpec, Manifest, QuarantineRecord, Relabel,
                                      ShardRecord, SplitRecord, read_manifest, write_manifest)
 from sluice.storage.paths import filesystem, is_local, join, local_path
@@ -218,8 +218,9 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str, work: P
             ffcv.abort()  # nothing may go on writing once the stage has failed
             raise
         ffcv.finish()
+        ancestry = [parent.manifest.fingerprint, *parent.manifest.ancestors] if parent else []
         return _finish(work, src, ingest, cfg, fp, found, results, inc, ffcv,
-                       parent.version if parent else None, refused, inputs), results
+                       parent.version if parent else None, refused, inputs, ancestry), results
     except WorkerDied as e:
         raise ShardError(f"writing the artifact under {work} failed: {e}") from None
     except OSError as e:
@@ -285,7 +286,8 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
 
 def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str,
             found: ScanResult, results: list[ShardWritten], inc: Increment, ffcv: FfcvWriter,
-            parent: str | None, refused: str | None, inputs: str | None = None) -> Manifest:
+            parent: str | None, refused: str | None, inputs: str | None = None,
+            ancestors: list[str] | None = None) -> Manifest:
     """Aligned label/key/checksum arrays (the base's, then the new samples'), then the
     manifest: the artifact becomes visible."""
     splits: dict[str, SplitRecord] = {}
@@ -341,7 +343,8 @@ def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp:
         fields=fields, splits=splits,
         quarantine=[QuarantineRecord(**b) for b in found.bad], formats=cfg.formats,
         damaged_sources=[DamageRecord(where=w, reason=r) for w, r in src.damaged()],
-        parent=parent, delta=delta, parent_refused=refused, inputs=inputs or fp)
+        parent=parent, ancestors=(ancestors or [])[:MAX_ANCESTORS], delta=delta, parent_refused=refused,
+        inputs=inputs or fp)
     write_manifest(work, manifest)
     (work / SCAN_FILE).unlink(missing_ok=True)
     (work / FFCV_FAILED).unlink(missing_ok=True)

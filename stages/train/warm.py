@@ -2,14 +2,14 @@
 seen plus a replay of what it has, instead of every sample from random weights.
 
 What the champion has seen is its registry lineage (``storage/lineage.py``): the key hashes of
-the samples it trained on, which include its own parent's. A sample of tonight's train split is
-*new* when its key is not among them. The run trains for ``warm.epochs`` over new + replay with
-the recipe's schedule at ``warm.lr_scale`` of its peak, and its own lineage is the champion's
-plus tonight's training splits, so a warm model is never graded on anything its ancestors saw.
-
-Until dataset versions record their parent (a later step), "the champion's version is an
-ancestor of tonight's" is approximated by sharing at least ``warm.min_shared`` of the champion's
-training samples; a relabelled or content-changed sample keeps its key, so it counts as old.
+the samples it trained on, which include its own parent's. The champion's dataset version must
+be an ancestor of tonight's (``storage/ancestry.py``: the manifest's ``ancestors``). A sample of
+tonight's train split is *new* when its key is not among the champion's, or when a version since
+the champion's relabelled it, gave it new pixels or removed and re-added it: the champion learnt
+something else under that key. The run trains for ``warm.epochs`` over new + replay with the
+recipe's schedule at ``warm.lr_scale`` of its peak and its own warm-up (no floor in steps: the
+floor guards random weights), and its own lineage is the champion's plus tonight's training
+splits, so a warm model is never graded on anything its ancestors saw.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from sluice.stages.train.evaluate import per_sample_losses
 from sluice.stages.train.init import architecture_of
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.replay import REPLAY_POLICIES, ReplayContext
+from sluice.storage.ancestry import changes_since
 from sluice.storage.artifact import open_artifact
 from sluice.storage.checkpoint import load_checkpoint
 from sluice.storage.lineage import hash_keys, save_hashes
@@ -42,8 +43,8 @@ class WarmStartConfig(BaseModel):
     replay_ratio: float = Field(1.0, ge=0, description="old samples replayed per new sample")
     epochs: float = Field(2.0, gt=0, description="passes over new + replayed samples")
     lr_scale: float = Field(0.5, gt=0, le=1, description="the warm run's peak lr, as a share of the recipe's")
-    min_shared: float = Field(0.5, gt=0, le=1, description="share of the champion's training samples "
-                              "tonight's version must hold for it to count as an ancestor")
+    warmup_fraction: float = Field(0.1, ge=0, lt=1, description="the warm run's share of steps warming up "
+                                   "to its peak (the champion's weights are trained: no floor in steps)")
 
     @field_validator("replay")
     @classmethod
@@ -91,22 +92,20 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     if theirs != ours:
         return _refuse(warm, f"champion {champ.model_id} is a {theirs}, tonight's model a {ours}")
     root, split = job.data.root, job.data.loader.split
+    since = changes_since(root, champ.trained_on.dataset_fingerprint)
+    if isinstance(since, str):
+        return _refuse(warm, f"champion {champ.model_id}'s dataset version cannot be traced to tonight's: {since}")
     art = open_artifact(root)
-    train = hash_keys(art.keys(split))
-    seen = np.isin(train, hashes)
-    # only live samples: a removed one is never trained on; a changed one (same key, new pixels,
-    # appended at a new index) counts as new, whatever the champion saw under its key
+    keys = art.keys(split)
+    train = hash_keys(keys)
     live = np.zeros(train.size, bool)
-    live[art.live(split)] = True
-    changed = np.zeros(train.size, bool)
-    gone = np.flatnonzero(~live)
-    if gone.size:
-        changed = live & np.isin(train, train[gone])
-    old, new = np.flatnonzero(seen & live & ~changed), np.flatnonzero(live & (~seen | changed))
-    shared = old.size / max(champ.trained_on.count, 1)
-    if shared < warm.min_shared:
-        return _refuse(warm, f"only {shared:.0%} of champion {champ.model_id}'s training samples are in "
-                             f"tonight's version: not an ancestor of it")
+    live[art.live(split)] = True  # a removed sample is never trained on
+    # new pixels, a new label or a removed-then-returned key since the champion's version: the
+    # champion learnt something else under that key, so the sample counts as new
+    redo = since.relabelled | since.changed | since.removed
+    other = np.fromiter((k in redo for k in keys), bool, count=len(keys)) if redo else np.zeros(train.size, bool)
+    seen = np.isin(train, hashes) & ~other
+    old, new = np.flatnonzero(seen & live), np.flatnonzero(live & ~seen)
     if new.size == 0:
         return _refuse(warm, f"tonight's {split} split holds nothing champion {champ.model_id} has not seen")
     count = min(old.size, int(round(warm.replay_ratio * new.size)))
@@ -131,7 +130,8 @@ def warm_job(job: TrainJob, plan: WarmPlan, warm: WarmStartConfig) -> TrainJob:
     sampler = job.data.loader.sampler.model_copy(update={"subset": plan.subset})
     loader = job.data.loader.model_copy(update={"sampler": sampler})
     config = job.config.model_copy(update={"init_from": plan.checkpoint, "epochs": warm.epochs,
-                                           "lr": job.config.lr * warm.lr_scale})
+                                           "lr": job.config.lr * warm.lr_scale,
+                                           "warmup_fraction": warm.warmup_fraction, "warmup_min_steps": None})
     return job.model_copy(update={"config": config, "data": job.data.model_copy(update={"loader": loader})})
 
 

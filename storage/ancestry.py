@@ -1,0 +1,54 @@
+"""A dataset version's ancestry: is an earlier version one of its ancestors, and which keys were
+relabelled or given new pixels since then.
+
+A warm start needs both. "Ancestor" is read from the version's own manifest (``ancestors``: the
+fingerprints of every version it was written on top of), so it holds after ``gc`` removed the
+older directories. What changed since reads the deltas of the versions in between, which must
+still be on disk: when one is gone the answer is "unknown", and a caller starts from scratch.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from sluice.errors import ArtifactError
+from sluice.storage.manifest import Manifest, read_manifest
+from sluice.storage.paths import join, parent_url
+
+
+@dataclass
+class SinceAncestor:
+    """What the versions after ``ancestor`` changed, up to and including the one asked about."""
+    ancestor: str
+    versions: int = 0  # versions written since the ancestor (1: it is the direct parent)
+    relabelled: set[str] = field(default_factory=set)
+    changed: set[str] = field(default_factory=set)  # new pixels under an old key
+    removed: set[str] = field(default_factory=set)
+
+
+def is_ancestor(manifest: Manifest, fingerprint: str) -> bool:
+    """True when the version of ``fingerprint`` is the one of ``manifest`` or one it descends from."""
+    return fingerprint == manifest.fingerprint or fingerprint in manifest.ancestors
+
+
+def changes_since(root: str | os.PathLike, fingerprint: str) -> SinceAncestor | str:
+    """The keys relabelled, changed or removed between the ancestor ``fingerprint`` and the
+    version at ``root``, or why they cannot be told (not an ancestor; a version in between gone)."""
+    manifest = read_manifest(root)
+    if not is_ancestor(manifest, fingerprint):
+        return f"version {fingerprint[:16]} is not an ancestor of {manifest.fingerprint[:16]}"
+    out = SinceAncestor(ancestor=fingerprint)
+    here, m = os.fspath(root), manifest
+    while m.fingerprint != fingerprint:
+        if m.delta is None or m.parent is None:
+            return f"version {m.fingerprint[:16]} records no delta against its parent"
+        out.relabelled.update(m.delta.relabelled)
+        out.changed.update(m.delta.changed)
+        out.removed.update(m.delta.removed)
+        out.versions += 1
+        here = join(parent_url(here), m.parent)
+        try:
+            m = read_manifest(here)
+        except (ArtifactError, OSError, ValueError) as e:
+            return f"version {m.parent} between them is gone or unreadable ({e})"
+    return out
