@@ -90,15 +90,22 @@ def _task_runner(name: str):
 @task(name="irreducible-loss", cache_key_fn=_il_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
 def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str) -> dict[str, Any]:
+    """IL scores for this version: stored, carried by key from the nearest earlier version's (only
+    new, changed and relabelled samples scored), or computed afresh (stages/select/il_carry.py)."""
+    from sluice.errors import SelectionError
     from sluice.stages.load import split_arrays
     from sluice.stages.select import SelectionConfig
-    from sluice.stages.select.il_model import irreducible_loss_scores
+    from sluice.stages.select.il_carry import describe, il_scores_for_version
+    from sluice.storage.artifact import open_artifact
     t0 = time.perf_counter()
     cfg = SelectionConfig.model_validate(selection)
-    hx, hy = split_arrays(root, "holdout", live_only=True)  # the IL model never trains on removed samples
-    tx, ty = split_arrays(root, "train")
-    s = irreducible_loss_scores(cfg.il, hx, hy, tx, ty, fingerprint, scores_root)
-    get_run_logger().info(f"irreducible loss {'reused' if s.extra.get('reused') else 'computed'}: {s.path}")
+    with open_artifact(root) as art:
+        if art.fingerprint != fingerprint:
+            raise SelectionError(f"the dataset at {root} is version {art.fingerprint[:16]}, not {fingerprint[:16]}")
+        # the IL model never trains on removed samples (live_only for the holdout)
+        s = il_scores_for_version(cfg.il, art, lambda split, live: split_arrays(art, split, live_only=live),
+                                  scores_root)
+    get_run_logger().info(describe(s))
     return {"path": s.path, "wall_s": time.perf_counter() - t0,
             **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
 

@@ -107,11 +107,17 @@ def markdown_summary(s: dict[str, Any]) -> str:
     il = s.get("il")
     if il:
         lines += ["", "## Irreducible loss",
-                  f"- {'reused' if il.get('reused') else 'computed'}: {il.get('train_seconds', 0)} s "
+                  f"- {'reused' if il.get('reused') else 'carried' if il.get('reused_from') else 'computed'}: "
+                  f"{il.get('train_seconds', 0)} s "
                   f"training on the holdout split ({il.get('holdout_size', '?')} samples)",
                   f"- IL model accuracy on the {il.get('scored_split', 'train')} split it scores (unseen): "
                   f"{_f(il.get('scored_accuracy'), '.3f')}; on its own training data (the holdout): "
                   f"{_f(il.get('holdout_accuracy'), '.3f')}"]
+        if il.get("reused_from"):  # carried by key from an earlier version (stages/select/il_carry.py)
+            lines.append(f"- carried from version `{il['reused_from'][:16]}`: {il.get('reused_samples', 0)} "
+                         f"unchanged samples reused, {il.get('scored', 0)} new, changed or relabelled scored")
+        elif il.get("retrained"):
+            lines.append(f"- IL model retrained: {il['retrained']}")
     t = s.get("train", {})
     evals = t.get("evals", [])
     lines += ["", "## Training",

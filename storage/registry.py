@@ -6,6 +6,8 @@ Layout under the registry root::
     models/<model_id>/record.json   written once, never changed
     models/<model_id>/checkpoint.pt  the candidate's checkpoint, copied in atomically
     models/<model_id>/trained_keys.npy  what it trained on (storage/lineage.py), when recorded
+    models/<model_id>/checkpoint.losses.npz  its per-sample losses by key, filled as replay asks
+                                     (stages/train/loss_cache.py)
     champion.json                    the pointer (and its history), replaced atomically
     .lock                            serialises promotions (flock)
 

@@ -100,8 +100,9 @@ def test_a_missing_or_corrupt_champion_falls_back_under_auto_and_is_refused_unde
     half = split_key_hashes(root, ["train"])[::2]
     ckpt = tmp_path / "good.pt"
     _ckpt(ckpt, TrainConfig(model="small_cnn"))
-    rec = reg.register(ckpt, dataset_fingerprint="f" * 64, eval_split="f/val", metric="val_acc", value=0.5,
-                       trained_on=("f" * 64, ["train"], half))
+    fp = fmnist_artifact.manifest.fingerprint  # the champion saw half of this very version
+    rec = reg.register(ckpt, dataset_fingerprint=fp, eval_split="f/val", metric="val_acc", value=0.5,
+                       trained_on=(fp, ["train"], half))
     reg.promote_if_better(rec)
     plan, why = plan_warm_start(WarmStartConfig(init="auto"), reg, _job(root), None, tmp_path / "run")
     assert plan is not None and plan.new > 0 and plan.replayed == min(plan.new, half.size), why

@@ -35,6 +35,12 @@ class ILModelConfig(BaseModel):
                                          "model from a small holdout); off for non-mirrorable data")
     score_batch_size: int = Field(1024, ge=1, description="batch size when scoring; not keyed")
     progress: bool = Field(True, description="a progress bar while the IL model trains; not keyed")
+    refresh_growth: float = Field(
+        0.5, ge=0, description="a new dataset version reuses the last version's IL scores for its "
+        "unchanged train samples and scores the rest with the stored IL model, unless its live "
+        "holdout has grown by more than this share of the holdout that model trained on: then the "
+        "model is retrained and every sample rescored (a deleted, changed or relabelled holdout "
+        "sample always forces that). Not keyed: it decides when to retrain, not what a score is")
 
     @field_validator("architecture")
     @classmethod

@@ -4,7 +4,8 @@ split scores every train sample once; the scores are stored and reused.
 A train sample's irreducible loss (IL) is its loss under a model that never trained on it. Its
 training loss minus its IL (the *reducible* loss) is high for points that are learnable and not
 yet learnt, and low for noisy or already-learnt ones. Training the IL model is the expensive
-part, so the array is a scores artifact keyed by the dataset fingerprint and this config.
+part, so the array is a scores artifact keyed by the dataset fingerprint and this config; a new
+dataset version carries its unchanged samples' scores by key (``il_carry.py``).
 """
 from __future__ import annotations
 
@@ -24,15 +25,19 @@ from sluice.stages.select.config import ILModelConfig
 from sluice.storage.scores import Scores, find_scores, save_scores
 
 IL_KIND = "irreducible_loss"
+# Fields that never change a stored value: how it is computed in batches, a progress bar, and when
+# a carried IL model is retrained (a carried score is the same model's loss on the same sample).
+UNKEYED = {"score_batch_size", "progress", "refresh_growth"}
 
 
 def _key(config: ILModelConfig) -> dict:
     """The config fields that change IL values (scoring batch size does not; "auto" precision
     is keyed as what it resolved to)."""
-    return config.model_dump(exclude={"score_batch_size", "progress"})
+    return config.model_dump(exclude=UNKEYED)
 
 
-def _resolved(config: ILModelConfig, device: str | torch.device) -> ILModelConfig:
+def resolved_config(config: ILModelConfig, device: str | torch.device) -> ILModelConfig:
+    """``config`` with "auto" precision resolved for ``device`` (what the scores are keyed by)."""
     return config.model_copy(update={"amp": resolve_amp(config.amp, device)})
 
 
@@ -151,6 +156,35 @@ def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_label
                             device: str | torch.device = "cpu") -> Scores:
     """Like ``compute_irreducible_loss`` but returns the Scores record (with its cost in
     ``extra``: ``train_seconds``, ``score_seconds``, ``reused``)."""
+    num_classes = check_inputs(holdout_images, holdout_labels, train_images, train_labels, split, num_classes)
+    config = resolved_config(config, device)
+    key = score_key(config, num_classes)
+    if scores_root is not None:
+        found = find_scores(scores_root, fingerprint=fingerprint, kind=IL_KIND, split=split,
+                            config=key, length=len(train_labels))
+        if found is not None:
+            return Scores(found.values, found.fingerprint, found.kind, found.split, found.config,
+                          found.config_hash, found.created, found.path,
+                          {**found.extra, "reused": True})
+    values, extra, _ = fit_and_score(config, holdout_images, holdout_labels, train_images, train_labels,
+                                     num_classes, split, device)
+    if scores_root is None:
+        return Scores(values, fingerprint, IL_KIND, split, key, "", "", "", {**extra, "reused": False})
+    s = save_scores(scores_root, values, fingerprint=fingerprint, kind=IL_KIND, split=split,
+                    config=key, extra=extra)
+    return Scores(s.values, s.fingerprint, s.kind, s.split, s.config, s.config_hash, s.created,
+                  s.path, {**extra, "reused": False})
+
+
+def score_key(config: ILModelConfig, num_classes: int) -> dict:
+    """The scores' config key for a resolved ``config``."""
+    return {**_key(config), "num_classes": num_classes}
+
+
+def check_inputs(holdout_images, holdout_labels, train_images, train_labels, split: str,
+                 num_classes: int | None) -> int:
+    """Raise SelectionError unless both splits are non-empty and aligned; the class count (the
+    largest label + 1 when not given)."""
     n_hold, n_train = len(holdout_labels), len(train_labels)
     if n_hold == 0:
         raise SelectionError("the holdout split is empty: RHO-LOSS needs held-out samples to "
@@ -162,19 +196,18 @@ def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_label
                              f"{n_hold}, {split} {len(train_images)}/{n_train}")
     if num_classes is None:
         num_classes = int(max(np.max(np.asarray(holdout_labels)), np.max(np.asarray(train_labels)))) + 1
-    config = _resolved(config, device)
-    key = {**_key(config), "num_classes": num_classes}
-    if scores_root is not None:
-        found = find_scores(scores_root, fingerprint=fingerprint, kind=IL_KIND, split=split,
-                            config=key, length=n_train)
-        if found is not None:
-            return Scores(found.values, found.fingerprint, found.kind, found.split, found.config,
-                          found.config_hash, found.created, found.path,
-                          {**found.extra, "reused": True})
+    return num_classes
+
+
+def fit_and_score(config: ILModelConfig, holdout_images, holdout_labels, train_images, train_labels,
+                  num_classes: int, split: str = "train", device: str | torch.device = "cpu"
+                  ) -> tuple[np.ndarray, dict, torch.nn.Module]:
+    """Train the IL model on the holdout and score every ``split`` sample: the values, the cost
+    and sanity figures (``extra``), and the model (``config`` resolved)."""
     hx = to_float_images(holdout_images, config)
-    hy = _check_labels(holdout_labels, n_hold, num_classes, "holdout")
+    hy = _check_labels(holdout_labels, len(holdout_labels), num_classes, "holdout")
     tx = to_float_images(train_images, config)
-    ty = _check_labels(train_labels, n_train, num_classes, split)
+    ty = _check_labels(train_labels, len(train_labels), num_classes, split)
     t0 = time.perf_counter()
     model = train_il_model(config, hx, hy, num_classes, device)
     t1 = time.perf_counter()
@@ -183,14 +216,17 @@ def irreducible_loss_scores(config: ILModelConfig, holdout_images, holdout_label
     # holdout_accuracy is on the IL model's own training data (a sanity figure, and what
     # label_noise="auto" reads); scored_accuracy is on the split it scores, which it never saw.
     extra = {"train_seconds": round(t1 - t0, 3), "score_seconds": round(t2 - t1, 3),
-             "holdout_size": n_hold, "holdout_accuracy": _accuracy(model, hx, hy, config, device),
+             "holdout_size": len(hy), "holdout_accuracy": _accuracy(model, hx, hy, config, device),
              "scored_split": split, "scored_accuracy": scored_acc}
-    if scores_root is None:
-        return Scores(values, fingerprint, IL_KIND, split, key, "", "", "", {**extra, "reused": False})
-    s = save_scores(scores_root, values, fingerprint=fingerprint, kind=IL_KIND, split=split,
-                    config=key, extra=extra)
-    return Scores(s.values, s.fingerprint, s.kind, s.split, s.config, s.config_hash, s.created,
-                  s.path, {**extra, "reused": False})
+    return values, extra, model
+
+
+def score_with(model: torch.nn.Module, config: ILModelConfig, images, labels, num_classes: int,
+               split: str = "train", device: str | torch.device = "cpu") -> tuple[np.ndarray, float]:
+    """A trained IL model's loss on each of ``images`` (and its accuracy on them)."""
+    x = to_float_images(images, config)
+    y = _check_labels(labels, len(labels), num_classes, split)
+    return _score(model, x, y, config.score_batch_size, device, config)
 
 
 @torch.no_grad()

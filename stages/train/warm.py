@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sluice.errors import ConfigError, StorageError
-from sluice.stages.train.evaluate import per_sample_losses
+from sluice.stages.train.loss_cache import losses_by_key
 from sluice.stages.train.init import architecture_of
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.replay import REPLAY_POLICIES, ReplayContext
@@ -110,7 +110,7 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
         return _refuse(warm, f"tonight's {split} split holds nothing champion {champ.model_id} has not seen")
     count = min(old.size, int(round(warm.replay_ratio * new.size)))
     ctx = ReplayContext(old=old, count=count, rng=np.random.default_rng([job.config.seed, 0x5EED]),
-                        champion_losses=lambda idx: per_sample_losses(ckpt, root, split, idx),
+                        champion_losses=lambda idx: losses_by_key(ckpt, root, split, idx).values,
                         irreducible=lambda: open_scores(il_path).values if il_path else None)
     replay = np.asarray(REPLAY_POLICIES.get(warm.replay)(ctx), dtype=np.int64) if count else \
         np.empty(0, dtype=np.int64)

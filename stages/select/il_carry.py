@@ -1,0 +1,176 @@
+"""Irreducible-loss scores carried across dataset versions by key (#28): a new version reuses
+the nearest earlier version's scores for every unchanged train sample and scores only its new,
+changed and relabelled ones, with the same stored IL model.
+
+An IL score is a fixed model's loss on a fixed (pixels, label): reusing it for a sample with the
+same key, content CRC and label (``storage/sample_ids.py``) gives exactly the value a rescoring by
+that model would. The model may be kept only while what it learnt from is still tonight's
+holdout: every holdout sample it trained on must still be there, live, with the same content
+and label. A deleted one (a deletion request: no model may keep what it learnt from it), a
+changed or a relabelled one forces a retrain on tonight's holdout and a full rescore; so does a
+holdout that has grown by more than ``il.refresh_growth`` since (the model would be stale).
+
+The record says what happened, in ``Scores.extra``: ``reused`` (this very version's scores were
+found stored), ``reused_from`` (the version whose scores were carried, or None), ``reused_samples``
+(live samples whose score was carried), ``scored`` (samples the IL model scored tonight) and
+``retrained`` (why an earlier model could not be kept, when one was found).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from sluice.errors import ScoresError, SelectionError
+from sluice.stages.select.config import ILModelConfig
+from sluice.stages.select.il_model import (IL_KIND, check_inputs, fit_and_score, irreducible_loss_scores,
+                                           resolved_config, score_key, score_with, to_float_images)
+from sluice.stages.select.il_store import StoredIL, load_il, model_bytes, save_il
+from sluice.storage.artifact import DatasetArtifact
+from sluice.storage.sample_ids import SampleIds, ancestry, match, missing, split_ids
+from sluice.storage.scores import Scores, find_scores
+
+# (split, live_only) -> (uint8 NHWC images, int64 labels), index-aligned unless live_only: the
+# caller's loader (stages.load.split_arrays), called only when something must be (re)scored.
+Arrays = Callable[[str, bool], tuple[np.ndarray, np.ndarray]]
+LOOKBACK = 64  # ancestors searched for stored scores, nearest first (each is one existence check)
+
+
+def il_scores_for_version(config: ILModelConfig, art: DatasetArtifact, arrays: Arrays, scores_root: str, *,
+                          split: str = "train", device: str | torch.device = "cpu") -> Scores:
+    """IL scores of every ``split`` sample of the version ``art``, aligned to its index: stored
+    ones when this version has them, else carried from the nearest ancestor's and completed
+    with its model, else computed afresh (model and ids stored beside them for the next version)."""
+    hold_all, train_ids = split_ids(art, "holdout"), split_ids(art, split)
+    hold_live = art.live("holdout")
+    hold_labels, train_labels = art.labels("holdout")[hold_live], art.labels(split)
+    # emptiness and the class count from the labels alone, so nothing is decoded before it is needed
+    num_classes = check_inputs(hold_labels, hold_labels, train_labels, train_labels, split, None)
+    cfg = resolved_config(config, device)
+    key = score_key(cfg, num_classes)
+    fp = art.fingerprint
+    found = find_scores(scores_root, fingerprint=fp, kind=IL_KIND, split=split, config=key, length=len(train_labels))
+    if found is not None:
+        return _with(found, reused=True)
+    if hold_all is None or train_ids is None:  # written before content sums: no identity to carry by
+        hx, hy = arrays("holdout", True)
+        tx, ty = arrays(split, False)
+        s = irreducible_loss_scores(cfg, hx, hy, tx, ty, fp, scores_root, num_classes=num_classes,
+                                    split=split, device=device)
+        return _with(s, reused_from=None, reused_samples=0, scored=len(ty),
+                     retrained="this version has no content sums (written by an older Sluice)")
+    holdout = hold_all.take(hold_live)
+    stored, why = _nearest(scores_root, art, split, key)
+    if stored is not None:
+        why = _refusal(stored, holdout, cfg.refresh_growth, _channels(art))
+        if not why:
+            return _carry(cfg, stored, art, arrays, scores_root, split, key, train_ids, device)
+    return _full(cfg, art, arrays, scores_root, split, key, num_classes, holdout, train_ids, device, why or None)
+
+
+def _with(s: Scores, **extra) -> Scores:
+    return Scores(s.values, s.fingerprint, s.kind, s.split, s.config, s.config_hash, s.created, s.path,
+                  {**s.extra, **extra})
+
+
+def _channels(art: DatasetArtifact) -> int | None:
+    shape = art.manifest.fields.image.shape
+    return shape[2] if shape else None
+
+
+def _nearest(scores_root: str, art: DatasetArtifact, split: str, key: dict) -> tuple[StoredIL | None, str]:
+    """The nearest ancestor's stored scores with a usable model (None, and why, when there is none)."""
+    why = ""
+    for anc in ancestry(art)[:LOOKBACK]:
+        try:
+            s = find_scores(scores_root, fingerprint=anc, kind=IL_KIND, split=split, config=key)
+        except ScoresError as e:  # corrupt or partial: look further back, and say so if nothing is found
+            why = why or f"the scores of version {anc[:16]} are unusable ({e})"
+            continue
+        if s is None:
+            continue
+        stored, bad = load_il(s)
+        if stored is not None:
+            return stored, ""
+        why = why or bad
+    return None, why
+
+
+def _refusal(stored: StoredIL, holdout: SampleIds, refresh_growth: float, channels: int | None) -> str:
+    """Why the stored model may not score tonight's samples ('' when it may)."""
+    trained = len(stored.holdout)
+    gone = missing(stored.holdout, holdout)
+    if gone.size:
+        return (f"{gone.size} of the {trained} holdout samples the IL model of version {stored.trained_on[:16]} "
+                "trained on were deleted, changed or relabelled since: retrained on tonight's holdout")
+    growth = len(holdout) / max(trained, 1) - 1
+    if growth > refresh_growth:
+        return (f"the holdout grew by {growth:.0%} since the IL model of version {stored.trained_on[:16]} was "
+                f"trained (more than il.refresh_growth {refresh_growth:.0%}): retrained on tonight's holdout")
+    if channels is not None and channels != stored.in_channels:
+        return f"the images have {channels} channels, the stored IL model takes {stored.in_channels}"
+    return ""
+
+
+def _carry(cfg: ILModelConfig, stored: StoredIL, art: DatasetArtifact, arrays: Arrays, scores_root: str,
+           split: str, key: dict, train_ids: SampleIds, device) -> Scores:
+    """The stored values for unchanged samples, the stored model's for the live rest."""
+    n = len(train_ids)
+    values, valid = np.zeros(n, np.float32), np.zeros(n, bool)  # a removed index never read: 0 is its filler
+    usable = np.flatnonzero(stored.valid)
+    rows, src = match(stored.scored.take(usable), train_ids)
+    values[rows] = stored.scores.values[usable[src]]
+    valid[rows] = True
+    live = art.live(split)
+    todo = live[~valid[live]]
+    t0 = time.perf_counter()
+    acc = stored.scores.extra.get("scored_accuracy")
+    if todo.size:
+        tx, ty = arrays(split, False)
+        vals, acc = score_with(stored.model(cfg, device), cfg, tx[todo], ty[todo], stored.num_classes, split, device)
+        values[todo], valid[todo] = vals, True
+    old = stored.scores.extra
+    extra = {"train_seconds": 0.0, "score_seconds": round(time.perf_counter() - t0, 3),
+             "holdout_size": len(stored.holdout), "holdout_accuracy": old.get("holdout_accuracy"),
+             # on tonight's newly scored samples when there are any (unseen by the model, as before)
+             "scored_split": split, "scored_accuracy": acc,
+             "reused_from": stored.scores.fingerprint, "reused_samples": int(live.size - todo.size),
+             "scored": int(todo.size), "retrained": None}
+    s = save_il(scores_root, values, fingerprint=art.fingerprint, kind=IL_KIND, split=split, config=key,
+                extra=extra, model=stored.model_bytes, in_channels=stored.in_channels,
+                num_classes=stored.num_classes, trained_on=stored.trained_on, holdout=stored.holdout,
+                scored=train_ids, valid=valid)
+    return _with(s, reused=False)
+
+
+def _full(cfg: ILModelConfig, art: DatasetArtifact, arrays: Arrays, scores_root: str, split: str, key: dict,
+          num_classes: int, holdout: SampleIds, train_ids: SampleIds, device, why: str | None) -> Scores:
+    """A model trained on tonight's live holdout scores every sample; it is stored with them."""
+    hx, hy = arrays("holdout", True)
+    tx, ty = arrays(split, False)
+    if len(hy) != len(holdout) or len(ty) != len(train_ids):
+        raise SelectionError(f"the loader gave {len(hy)} holdout and {len(ty)} {split} samples; the "
+                             f"artifact has {len(holdout)} live holdout and {len(train_ids)} {split} samples")
+    values, extra, model = fit_and_score(cfg, hx, hy, tx, ty, num_classes, split, device)
+    in_channels = int(to_float_images(hx[:1], cfg).shape[1])
+    extra = {**extra, "reused_from": None, "reused_samples": 0, "scored": int(len(ty)), "retrained": why}
+    s = save_il(scores_root, values, fingerprint=art.fingerprint, kind=IL_KIND, split=split, config=key,
+                extra=extra, model=model_bytes(model), in_channels=in_channels, num_classes=num_classes,
+                trained_on=art.fingerprint, holdout=holdout, scored=train_ids, valid=np.ones(len(ty), bool))
+    return _with(s, reused=False)
+
+
+def describe(s: Scores) -> str:
+    """One line for the log and the report: stored, carried (how many reused and scored, from
+    which version) or computed (and why an earlier model was not kept)."""
+    x = s.extra
+    if x.get("reused"):
+        return f"irreducible loss reused (stored for this version): {s.path}"
+    if x.get("reused_from"):
+        return (f"irreducible loss carried from version {x['reused_from'][:16]}: {x.get('reused_samples', 0)} "
+                f"samples reused, {x.get('scored', 0)} new, changed or relabelled scored with its IL model: {s.path}")
+    why = f" ({x['retrained']})" if x.get("retrained") else ""
+    return (f"irreducible loss computed: an IL model trained on {x.get('holdout_size', '?')} holdout samples "
+            f"scored {x.get('scored', len(s))}{why}: {s.path}")
