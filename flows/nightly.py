@@ -151,6 +151,8 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
     il_path = il["path"] if il else None
     job, warm = starting_point(c.warm, c.registry_dir(), training_job(c, data, il_path), il_path, run_dir)
     log.info(f"weights: {warm['init']} ({warm['why']})")
+    if warm.get("selector_why"):
+        log.info(f"selection: {warm['selector_why']}")
     on_line = lambda line: log.info(line.rstrip()) if line.strip() else None  # noqa: E731
     with _progress(Path(run_dir) / "metrics.jsonl", log):
         if c.launch.nodes:

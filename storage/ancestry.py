@@ -24,6 +24,7 @@ class SinceAncestor:
     relabelled: set[str] = field(default_factory=set)
     changed: set[str] = field(default_factory=set)  # new pixels under an old key
     removed: set[str] = field(default_factory=set)
+    root: str = ""  # where the ancestor version itself lives (its directory or URL)
 
 
 def is_ancestor(manifest: Manifest, fingerprint: str) -> bool:
@@ -51,4 +52,5 @@ def changes_since(root: str | os.PathLike, fingerprint: str) -> SinceAncestor | 
             m = read_manifest(here)
         except (ArtifactError, OSError, ValueError) as e:
             return f"version {m.parent} between them is gone or unreadable ({e})"
+    out.root = here
     return out

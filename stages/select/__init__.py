@@ -38,14 +38,16 @@ __all__ = ["SELECTION_METHODS", "BaseSelector", "SelectorContext", "SelectionCon
 def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | None = None, *,
                    candidate_size: int | None = None, split_size: int | None = None,
                    dataset_fingerprint: str | None = None, noise_mask: np.ndarray | None = None,
-                   sampler: ImportanceSampler | None = None,
-                   device: str | torch.device | None = None) -> BaseSelector | None:
+                   sampler: ImportanceSampler | None = None, device: str | torch.device | None = None,
+                   carried: dict[str, torch.Tensor] | None = None) -> BaseSelector | None:
     """The selector for ``config`` (None for method ``none``), checked before training starts.
 
     ``candidate_size`` (n_B) fixes n_b and checks 1 <= n_b <= n_B now; ``split_size`` and
     ``dataset_fingerprint`` check the IL scores belong to this split; ``noise_mask`` (bool per
     sample, known label noise) adds noisy-selection stats. ``importance`` needs ``split_size``
     (or a ``sampler``); its ``selector.sampler`` is what the loader should draw indices from.
+    ``carried``: a per-sample table from an earlier run the method starts from (InfoBatch's
+    ``loss`` and ``seen``, ``select.infobatch_carry``); refused by a method that keeps none.
     """
     if config.method == "none":
         return None
@@ -64,12 +66,14 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
         except ScoresError as e:
             raise SelectionError(str(e)) from None
         il_scores = il_scores.values
+    if carried is not None and not method.carries_table:
+        raise SelectionError(f"{config.method} keeps no per-sample table: a carried one cannot be given to it")
     if method.needs_il and il_scores is None:
         raise SelectionError(f"{config.method} needs irreducible-loss scores: compute them with "
                              "compute_irreducible_loss(...) and pass il_scores=")
     length = split_size if split_size is not None else (
         len(il_scores) if il_scores is not None else None)
-    ctx = SelectorContext(n_select=n_b, split_size=length, device=device, sampler=sampler,
+    ctx = SelectorContext(n_select=n_b, split_size=length, device=device, sampler=sampler, carried=carried,
                           il=as_table(il_scores, "irreducible-loss scores", length, device=device),
                           noise=as_table(noise_mask, "noise mask", length, dtype=torch.bool,
                                          device=device))

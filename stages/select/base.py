@@ -41,12 +41,15 @@ class SelectorContext:
     noise: torch.Tensor | None = None
     device: torch.device | str | None = None
     sampler: object | None = None  # importance: a prepared ImportanceSampler
+    # a per-sample table carried from an earlier run (InfoBatch: "loss", "seen"), split-aligned
+    carried: dict[str, torch.Tensor] | None = None
 
 
 class BaseSelector:
     """Shared state and helpers: n_b, the IL scores and noise mask, RNG, statistics."""
     picks_subset: ClassVar[bool] = True   # trains n_b of the n_B candidates (ratio applies)
     needs_il: ClassVar[bool] = False      # refuses to build without irreducible-loss scores
+    carries_table: ClassVar[bool] = False  # starts from SelectorContext.carried when given
 
     def __init__(self, config: "SelectionConfig", ctx: SelectorContext):
         self.config = config

@@ -32,10 +32,13 @@ class InfoBatchSelector(BaseSelector):
     scaled by ``n_kept / n_B`` so ``(loss * w).mean()`` is unbiased for the mean loss of the
     whole candidate batch (the LR schedule keeps its meaning). Samples never trained are never
     pruned. After ``anneal`` of training (``set_progress``) every candidate is trained. The
-    table travels in the training checkpoint (``state_dict``), so a resumed run prunes on.
+    table travels in the training checkpoint (``state_dict``), so a resumed run prunes on. A warm
+    run starts from the champion's table carried by sample identity (``ctx.carried``,
+    ``select/infobatch_carry.py``); a resumed run's own checkpoint replaces it.
     """
 
     picks_subset = False  # prunes from the candidate batch itself: no n_b, no ratio
+    carries_table = True
 
     def __init__(self, config, ctx: SelectorContext):
         super().__init__(config, ctx)
@@ -49,6 +52,13 @@ class InfoBatchSelector(BaseSelector):
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # observed, not yet gathered
         self._pending_calls = 0
         self._mean, self._below = math.inf, 0.0  # recomputed after each flush
+        if ctx.carried is not None:
+            loss, seen = ctx.carried["loss"], ctx.carried["seen"]
+            if loss.shape != (self.n,) or seen.shape != (self.n,) or seen.dtype != torch.bool:
+                raise SelectionError(f"the carried infobatch table holds loss {tuple(loss.shape)} and seen "
+                                     f"{tuple(seen.shape)} {seen.dtype}; this split has {self.n} samples")
+            self.loss, self.seen = loss.detach().float().cpu().clone(), seen.detach().cpu().clone()
+            self._refresh()
 
     def set_progress(self, fraction: float) -> None:
         self.progress = float(fraction)

@@ -3,11 +3,12 @@ the candidate and split sizes, and where the IL scores are — plain data, valid
 launch (an unknown method fails there) and checked against the split inside the worker."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.stages.contracts import Selector
-from sluice.stages.select import build_selector
+from sluice.stages.select import SELECTION_METHODS, build_selector
 from sluice.stages.select.config import SelectionConfig
+from sluice.stages.select.infobatch_carry import load_table
 from sluice.storage.scores import open_scores
 
 
@@ -18,9 +19,21 @@ class SelectionSpec(BaseModel):
     split_size: int = Field(ge=1, description="samples in the training split")
     fingerprint: str | None = Field(None, description="the dataset version the scores must belong to")
     il_scores: str | None = Field(None, description="path of the irreducible-loss scores (.npy)")
+    carried_table: str | None = Field(
+        None, description="path of a per-sample table (.npz) the selector starts from: InfoBatch's "
+        "loss and seen carried from the champion into a warm run (select.infobatch_carry)")
+
+    @model_validator(mode="after")
+    def _carries(self) -> "SelectionSpec":
+        if self.carried_table and not (self.config.method != "none"
+                                       and SELECTION_METHODS.get(self.config.method).carries_table):
+            raise ValueError(f"carried_table: selection method {self.config.method!r} keeps no per-sample table")
+        return self
 
     def build(self) -> Selector | None:
-        """The selector (None for method ``none``), its sizes and scores checked."""
+        """The selector (None for method ``none``), its sizes, scores and carried table checked;
+        every rank reads the same files, so every rank starts from the same table."""
         scores = open_scores(self.il_scores) if self.il_scores else None
+        carried = load_table(self.carried_table, self.split_size, self.fingerprint) if self.carried_table else None
         return build_selector(self.config, scores, candidate_size=self.candidate_size,
-                              split_size=self.split_size, dataset_fingerprint=self.fingerprint)
+                              split_size=self.split_size, dataset_fingerprint=self.fingerprint, carried=carried)

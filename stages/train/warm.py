@@ -21,6 +21,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sluice.errors import ConfigError, StorageError
+from sluice.stages.select.infobatch_carry import CarriedTable, carry_table, checkpoint_table
+from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.loss_cache import losses_by_key
 from sluice.stages.train.init import architecture_of
 from sluice.stages.train.job import TrainJob
@@ -63,6 +65,11 @@ class WarmPlan(BaseModel):
     new: int
     replayed: int
     policy: str
+    # InfoBatch's per-sample table carried from the champion (select/infobatch_carry.py): the
+    # .npz the selector starts from (None: it starts empty), its matched rows, and why
+    selector_state: str | None = None
+    selector_rows_carried: int = 0
+    selector_why: str = ""
 
 
 def _refuse(warm: WarmStartConfig, reason: str) -> tuple[None, str]:
@@ -83,7 +90,10 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     try:
         hashes = reg.trained_hashes(champ)
         ckpt = reg.checkpoint_path(champ)
-        theirs = architecture_of(load_checkpoint(ckpt).get("config") or {})
+        state = load_checkpoint(ckpt)
+        theirs = architecture_of(state.get("config") or {})
+        table = checkpoint_table(state)  # InfoBatch's (loss, seen), or why there is none
+        del state
     except (StorageError, OSError) as e:  # a missing or corrupt champion: say so, never crash auto
         return _refuse(warm, f"champion {champ.model_id} is unreadable: {e}")
     if hashes is None or champ.trained_on is None:
@@ -118,17 +128,37 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "warm_subset.npy", np.union1d(new, replay), allow_pickle=False)
     save_hashes(out / "warm_replayed_keys.npy", np.unique(train[replay]))
+    carried = _carry_selector(job, table, since.root, old, out)
     return WarmPlan(parent_model=champ.model_id, parent_version=champ.trained_on.dataset_fingerprint,
                     checkpoint=str(ckpt), subset=str(out / "warm_subset.npy"),
                     replayed_keys=str(out / "warm_replayed_keys.npy"), new=int(new.size),
-                    replayed=int(replay.size), policy=warm.replay), \
+                    replayed=int(replay.size), policy=warm.replay, selector_state=carried.path,
+                    selector_rows_carried=carried.rows, selector_why=carried.why), \
         f"from champion {champ.model_id}: {new.size} new samples + {replay.size} replayed ({warm.replay})"
+
+
+def _carry_selector(job: TrainJob, table: tuple[np.ndarray, np.ndarray] | str, champion_root: str,
+                    learnt: np.ndarray, out: Path) -> CarriedTable:
+    """InfoBatch's table from the champion, matched into tonight's index for the ``learnt``
+    samples (new, changed and relabelled ones start unseen), when tonight's run selects with it."""
+    method = job.selection.config.method if job.selection else "none"
+    if method != "infobatch":
+        return CarriedTable(None, 0, f"tonight's selection method is {method}: no InfoBatch table to carry")
+    if isinstance(table, str):
+        return CarriedTable(None, 0, f"InfoBatch starts empty: no table in the champion's checkpoint ({table})")
+    try:
+        return carry_table(table, champion_root, job.data.root, job.data.loader.split, learnt, out)
+    except (StorageError, OSError) as e:  # an unreadable version costs the table, never the warm start
+        return CarriedTable(None, 0, f"InfoBatch starts empty: the champion's version is unreadable ({e})")
 
 
 def warm_job(job: TrainJob, plan: WarmPlan, warm: WarmStartConfig) -> TrainJob:
     """``job`` trained from the champion's weights on the plan's subset, with the warm budget."""
     sampler = job.data.loader.sampler.model_copy(update={"subset": plan.subset})
     loader = job.data.loader.model_copy(update={"sampler": sampler})
+    if plan.selector_state and job.selection is not None:  # validated again: a table only for InfoBatch
+        selection = SelectionSpec.model_validate({**job.selection.model_dump(), "carried_table": plan.selector_state})
+        job = job.model_copy(update={"selection": selection})
     config = job.config.model_copy(update={"init_from": plan.checkpoint, "epochs": warm.epochs,
                                            "lr": job.config.lr * warm.lr_scale,
                                            "warmup_fraction": warm.warmup_fraction, "warmup_min_steps": None})
