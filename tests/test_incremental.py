@@ -154,6 +154,29 @@ def test_unusable_parent_means_a_whole_version_with_the_reason(tmp_path):
     assert c.manifest.parent is None and "encoded differently" in c.manifest.parent_refused
 
 
+def test_a_missing_parent_or_ancestor_means_a_whole_version_with_the_reason(tmp_path):
+    """LATEST names a version whose directory is gone, or a version whose reused files lay in an
+    ancestor deleted by hand: the next version is written whole, saying why; nothing is half-read."""
+    import shutil
+    from sluice.errors import ArtifactError
+    x, y = _images(500)
+    out = tmp_path / "out"
+    src = tmp_path / "s.npz"
+    a = shard_dataset(IngestConfig(source=_write(src, x[:300], y[:300], range(300))), out, CFG)
+    b = shard_dataset(IngestConfig(source=_write(src, x[:400], y[:400], range(400))), out, CFG)
+    assert b.manifest.parent == a.root.rsplit("/", 1)[-1]
+    shutil.rmtree(out / b.manifest.parent)  # the ancestor b reads its old samples from
+    with pytest.raises(ArtifactError, match=a.root.rsplit("/", 1)[-1]):
+        DatasetArtifact(b.root).verify(deep=False)  # a clear error naming where the missing file was
+    c = shard_dataset(IngestConfig(source=_write(src, x, y, range(500))), out, CFG)
+    assert c.manifest.parent is None and "written whole" in c.manifest.parent_refused
+    assert sum(c.manifest.counts().values()) == 500 and verify_artifact(c.root).ok
+    shutil.rmtree(c.root)  # LATEST now names a directory that is gone
+    d = shard_dataset(IngestConfig(source=_write(src, x, y, range(500))), out, CFG)
+    assert d.manifest.parent is None and "unreadable" in d.manifest.parent_refused
+    assert verify_artifact(d.root).ok
+
+
 def test_incremental_off_writes_whole_versions(tmp_path):
     x, y = _images(400)
     out = tmp_path / "out"
