@@ -2,7 +2,7 @@
 points of plain scratch, night after night, for the least training.
 
 One seed of ``benchmarks.nightly_growth``'s schedule (the same source, night by night), the
-``sluice warm`` arm (the nightly flow with ``warm.init=auto``) once per setting in the grid, each
+``sluice nightly`` arm with ``warm.init=auto`` once per setting in the grid, each
 with its own data root (registry, champion, dataset versions) carried from night to night; the
 settings interleaved night by night, as the host drifts over minutes. The reference is that
 seed's ``plain scratch`` from ``nightly_growth.json`` when the file holds it for the same schedule
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                                            "the same run), its data root copied"})
                     continue
                 la = load_average()
-                r = run_sluice("sluice warm", work / f"setting{i}", npz, night, args.seed, args.quick,
-                               extra={"warm": t["warm"]})
+                r = run_sluice("sluice nightly", work / f"setting{i}", npz, night, args.seed, args.quick,
+                               extra={"warm": {"init": "auto", **t["warm"]}})
                 w = r["promotion"]["warm"]
                 t["nights"].append({
                     "night": n, "test_acc": r["test_acc"], "points_vs_scratch": 100 * (r["test_acc"] - target),

@@ -528,8 +528,7 @@ def nightly_growth(d: dict[str, Any], name: str = "nightly_growth.json") -> list
              f"{sch['deleted']} deleted on night {sch['deleted_on']}), graded on {sch['test_images']:,} test images. "
              f"`plain scratch`: {plain['variant']}, {plain['epochs']:g} epochs on every image so far; "
              f"`plain fine-tune`: the same from its previous night's weights, {ft['epochs']:g} epochs at peak lr "
-             f"{ft['lr']:g} ({st['finetune_from']}); `sluice nightly`: the deployment's flow, default parameters; "
-             "`sluice warm`: the same with `warm.init=auto`. Medians over the seeds (test accuracy: min–max "
+             f"{ft['lr']:g} ({st['finetune_from']}); `sluice nightly`: the deployment's flow, default parameters. Medians over the seeds (test accuracy: min–max "
              "beside it); wall: the process from its start (Sluice's less starting Prefect's embedded API); "
              "\"to −0.2\": seconds until the model is within 0.2 points of that night's `plain scratch`, "
              "and that against `plain scratch`'s wall time and `plain fine-tune`'s time to the same accuracy; "
@@ -592,12 +591,37 @@ def nightly_growth(d: dict[str, Any], name: str = "nightly_growth.json") -> list
     return lines + ["", provenance(d, name)]
 
 
+def warm_sweep(d: dict[str, Any], name: str = "nightly_growth_warm_sweep.json") -> list[str]:
+    """The warm-start settings sweep: each setting's points against plain scratch, night by night."""
+    nights = sorted({x["night"] for t in d["settings"] for x in t["nights"]})
+    lines = [f"Warm-start settings swept on seed {d['seeds'][0]} of the same schedule (the nightly flow with "
+             "`warm.init=auto` and each `warm.*` setting, its own data root night after night; points against "
+             f"that seed's `plain scratch`; night 0 has no champion yet, so it is one run for all):", "",
+             "| warm setting | " + " | ".join(f"night {n}" for n in nights) + " | steps, warm nights | within 0.2 every night |",
+             "|---|" + "---|" * len(nights) + "---|---|"]
+    for t in d["settings"]:
+        by = {x["night"]: x for x in t["nights"]}
+        cells = [_pts(by[n]["points_vs_scratch"]) if n in by else "—" for n in nights]
+        label = ", ".join(f"{k} {v:g}" for k, v in t["warm"].items()) or "defaults"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {t.get('warm_steps', '—')} | "
+                     f"{'yes' if t.get('within') else 'no'} |")
+    e = d.get("earlier_grid")
+    if e:
+        lines += ["", f"An earlier grid (commit `{e['commit']}`, stopped {e['stopped']}) had night {e['night']} at "
+                      + "; ".join(f"{', '.join(f'{k} {v:g}' for k, v in x['warm'].items()) or 'the defaults'}: "
+                                  f"{_pts(x['points_vs_scratch'])} points" for x in e["settings"]) + "."]
+    chosen = ", ".join(f"{k} {v:g}" for k, v in d["chosen"].items()) or "the defaults"
+    lines += ["", f"Kept by the sweep's rule ({d['rule']}): {chosen}."]
+    return lines + ["", provenance(d, name)]
+
+
 def render_nightly() -> str:
     d = _load("nightly_growth.json")
     if d is None:
         return ("Not measured yet: `benchmarks/results/nightly_growth.json` does not exist, so this README "
                 "claims no figure for it (`python -m benchmarks.nightly_growth` writes it).\n")
-    return "\n".join(nightly_growth(d)) + "\n"
+    sweep = _load("nightly_growth_warm_sweep.json")
+    return "\n".join(nightly_growth(d) + (["", *warm_sweep(sweep)] if sweep else [])) + "\n"
 
 
 def render() -> str:
