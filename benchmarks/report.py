@@ -591,6 +591,9 @@ def nightly_growth(d: dict[str, Any], name: str = "nightly_growth.json") -> list
     return lines + ["", provenance(d, name)]
 
 
+THEN_DEFAULTS = "that commit's defaults (lr_scale 0.5, replay_ratio 1)"
+
+
 def warm_sweep(d: dict[str, Any], name: str = "nightly_growth_warm_sweep.json") -> list[str]:
     """The warm-start settings sweep: each setting's points against plain scratch, night by night."""
     nights = sorted({x["night"] for t in d["settings"] for x in t["nights"]})
@@ -608,7 +611,7 @@ def warm_sweep(d: dict[str, Any], name: str = "nightly_growth_warm_sweep.json") 
     e = d.get("earlier_grid")
     if e:
         lines += ["", f"An earlier grid (commit `{e['commit']}`, stopped {e['stopped']}) had night {e['night']} at "
-                      + "; ".join(f"{', '.join(f'{k} {v:g}' for k, v in x['warm'].items()) or 'the defaults'}: "
+                      + "; ".join(f"{', '.join(f'{k} {v:g}' for k, v in x['warm'].items()) or THEN_DEFAULTS}: "
                                   f"{_pts(x['points_vs_scratch'])} points" for x in e["settings"]) + "."]
     chosen = ", ".join(f"{k} {v:g}" for k, v in d["chosen"].items()) or "the defaults"
     lines += ["", f"Kept by the sweep's rule ({d['rule']}): {chosen}."]
