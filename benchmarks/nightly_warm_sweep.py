@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -98,7 +99,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     grid = [g for i, g in enumerate(GRID) if args.only is None or i in args.only]
     recipe = plain_recipe(args.quick)
     work = args.work or Path(tempfile.mkdtemp(prefix="sluice-warm-sweep-"))
-    import os
     os.environ.setdefault("PREFECT_HOME", str(work / "prefect"))
     about = describe_run("benchmarks.nightly_warm_sweep", argv)
     name = "nightly_growth_warm_sweep" + ("_quick" if args.quick else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from sluice.errors import ArtifactError
 from sluice.storage.manifest import Manifest, read_manifest
@@ -32,25 +33,56 @@ def is_ancestor(manifest: Manifest, fingerprint: str) -> bool:
     return fingerprint == manifest.fingerprint or fingerprint in manifest.ancestors
 
 
+def parents(root: str | os.PathLike, manifest: Manifest) -> Iterator[tuple[str, Manifest]]:
+    """The versions the one at ``root`` (``manifest``) was written on top of, nearest first, as
+    (directory, manifest), through each manifest's ``parent``; ArtifactError names the first one
+    that is gone (``sluice gc``) or unreadable."""
+    here, m, seen = os.fspath(root), manifest, set()
+    while m.parent and m.parent not in seen:
+        seen.add(m.parent)
+        here = join(parent_url(here), m.parent)
+        try:
+            m = read_manifest(here)
+        except (ArtifactError, OSError, ValueError) as e:
+            raise ArtifactError(f"version {m.parent} is gone or unreadable ({e})") from None
+        yield here, m
+
+
+def ancestry(root: str | os.PathLike, manifest: Manifest) -> list[str]:
+    """The fingerprints of the versions the one at ``root`` descends from, nearest first: the
+    manifest's ``ancestors`` when it records them, else its ``parent`` chain as far as it reads."""
+    if manifest.ancestors:
+        return list(manifest.ancestors)
+    out: list[str] = []
+    try:
+        for _, m in parents(root, manifest):
+            out.append(m.fingerprint)
+    except ArtifactError:
+        pass  # collected or unreadable: the chain ends here
+    return out
+
+
 def changes_since(root: str | os.PathLike, fingerprint: str) -> SinceAncestor | str:
     """The keys relabelled, changed or removed between the ancestor ``fingerprint`` and the
     version at ``root``, or why they cannot be told (not an ancestor; a version in between gone)."""
     manifest = read_manifest(root)
     if not is_ancestor(manifest, fingerprint):
         return f"version {fingerprint[:16]} is not an ancestor of {manifest.fingerprint[:16]}"
-    out = SinceAncestor(ancestor=fingerprint)
-    here, m = os.fspath(root), manifest
-    while m.fingerprint != fingerprint:
-        if m.delta is None or m.parent is None:
-            return f"version {m.fingerprint[:16]} records no delta against its parent"
-        out.relabelled.update(m.delta.relabelled)
-        out.changed.update(m.delta.changed)
-        out.removed.update(m.delta.removed)
-        out.versions += 1
-        here = join(parent_url(here), m.parent)
-        try:
-            m = read_manifest(here)
-        except (ArtifactError, OSError, ValueError) as e:
-            return f"version {m.parent} between them is gone or unreadable ({e})"
-    out.root = here
-    return out
+    out = SinceAncestor(ancestor=fingerprint, root=os.fspath(root))
+    m = manifest
+    if m.fingerprint == fingerprint:
+        return out
+    try:
+        for here, parent in parents(root, manifest):  # lazily: nothing is read past the ancestor
+            if m.delta is None:
+                break
+            out.relabelled.update(m.delta.relabelled)
+            out.changed.update(m.delta.changed)
+            out.removed.update(m.delta.removed)
+            out.versions += 1
+            out.root, m = here, parent
+            if m.fingerprint == fingerprint:
+                return out
+    except ArtifactError as e:
+        return f"{e}: what changed since {fingerprint[:16]} cannot be told"
+    return f"version {m.fingerprint[:16]} records no delta against its parent"

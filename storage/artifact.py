@@ -111,6 +111,20 @@ class DatasetArtifact:
         rec = self.manifest.split(split).labels
         return np.load(io.BytesIO(self.local(rec).read_bytes()), allow_pickle=False)
 
+    def content(self, split: str) -> np.ndarray | None:
+        """The split's content sums (a CRC-32 of each sample's pixels, by split index); None for
+        a split written before them."""
+        rec = self.manifest.split(split)
+        if rec.content is None:
+            return None
+        try:
+            out = np.load(io.BytesIO(self.local(rec.content).read_bytes()), allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ArtifactError(f"{self.root}: split {split!r} content sums are unreadable: {e}") from None
+        if out.shape != (rec.count,):
+            raise ArtifactError(f"{self.root}: split {split!r} has {out.shape} content sums for {rec.count} samples")
+        return out.astype(np.uint32)
+
     def live(self, split: str) -> np.ndarray:
         """The split indices a reader may yield, sorted: all but those removed in this version
         or an ancestor (deleted from the source, or their content changed)."""

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sluice.errors import ArtifactError, StorageError
+from sluice.errors import StorageError
 from sluice.storage import atomic
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.lineage import hash_keys
-from sluice.storage.manifest import read_manifest
-from sluice.storage.paths import join, parent_url, read_bytes
+from sluice.storage.paths import read_bytes
 
 _ID_DTYPE = np.dtype([("key", "<u8"), ("content", "<u4"), ("label", "<i8")])
 
@@ -67,18 +66,12 @@ class SampleIds:
 def split_ids(art: DatasetArtifact, split: str) -> SampleIds | None:
     """The ids of every sample of ``split`` (removed ones too), aligned to its index; None for a
     split written before content sums (nothing to tell an unchanged sample by)."""
-    rec = art.manifest.split(split)
-    if rec.content is None:
+    content = art.content(split)
+    if content is None:
         return None
-    try:
-        content = np.load(io.BytesIO(art.local(rec.content).read_bytes()), allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise ArtifactError(f"{art.root}: split {split!r} content sums are unreadable: {e}") from None
     labels = art.labels(split)
     keys = hash_keys(art.keys(split))
-    if content.shape != (rec.count,):
-        raise ArtifactError(f"{art.root}: split {split!r} has {content.shape} content sums for {rec.count} samples")
-    return SampleIds(keys, content.astype(np.uint32), labels.astype(np.int64))
+    return SampleIds(keys, content, labels.astype(np.int64))
 
 
 def match(old: SampleIds, new: SampleIds) -> tuple[np.ndarray, np.ndarray]:
@@ -102,24 +95,6 @@ def missing(required: SampleIds, present: SampleIds) -> np.ndarray:
     mask = np.ones(len(required), bool)
     mask[found] = False
     return np.flatnonzero(mask)
-
-
-def ancestry(art: DatasetArtifact) -> list[str]:
-    """The fingerprints of the versions ``art`` descends from, nearest first: the manifest's
-    ``ancestors`` when it records them, else its ``parent`` chain as far as it can be read."""
-    recorded = list(art.manifest.ancestors)
-    if recorded:
-        return recorded
-    out, m, seen = [], art.manifest, set()
-    base = parent_url(art.root)
-    while m.parent and m.parent not in seen:
-        seen.add(m.parent)
-        try:
-            m = read_manifest(join(base, m.parent))
-        except (ArtifactError, OSError, ValueError):
-            break  # collected (sluice gc) or unreadable: the chain ends here
-        out.append(m.fingerprint)
-    return out
 
 
 def save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> bytes:

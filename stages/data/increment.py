@@ -127,12 +127,8 @@ def _load(parent: Parent, split: str) -> SplitBase:
     s = art.manifest.splits.get(split)
     if s is None or s.count == 0:
         return SplitBase()
-    content_rec = s.content
-    assert content_rec is not None and s.sums is not None  # checked by _incompatible
-    content = np.load(art.local(content_rec), allow_pickle=False)
-    sums = art.sums(split)
-    if content.shape != (s.count,) or sums is None:
-        raise ArtifactError(f"{art.root}: split {split!r} has {content.shape} content sums for {s.count} samples")
+    content, sums = art.content(split), art.sums(split)
+    assert content is not None and sums is not None  # checked by _incompatible
     return SplitBase(
         count=s.count,
         shards=[sh.model_copy(update={"tar": _reused(sh.tar, v),
@@ -140,7 +136,7 @@ def _load(parent: Parent, split: str) -> SplitBase:
                 for sh in s.shards],
         ffcv=[p.model_copy(update={"file": _reused(p.file, v)}) for p in s.ffcv_files()],
         labels=art.labels(split).astype(np.int64), keys=art.keys(split), sums=sums,
-        content=content.astype(np.uint32), removed=set(s.removed),
+        content=content, removed=set(s.removed),
         relabelled={r.index: r.stored for r in s.relabelled})
 
 

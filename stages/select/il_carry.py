@@ -29,7 +29,8 @@ from sluice.stages.select.il_model import (IL_KIND, check_inputs, fit_and_score,
                                            resolved_config, score_key, score_with, to_float_images)
 from sluice.stages.select.il_store import StoredIL, load_il, model_bytes, save_il
 from sluice.storage.artifact import DatasetArtifact
-from sluice.storage.sample_ids import SampleIds, ancestry, match, missing, split_ids
+from sluice.storage.ancestry import ancestry
+from sluice.storage.sample_ids import SampleIds, match, missing, split_ids
 from sluice.storage.scores import Scores, find_scores
 
 # (split, live_only) -> (uint8 NHWC images, int64 labels), index-aligned unless live_only: the
@@ -83,7 +84,7 @@ def _channels(art: DatasetArtifact) -> int | None:
 def _nearest(scores_root: str, art: DatasetArtifact, split: str, key: dict) -> tuple[StoredIL | None, str]:
     """The nearest ancestor's stored scores with a usable model (None, and why, when there is none)."""
     why = ""
-    for anc in ancestry(art)[:LOOKBACK]:
+    for anc in ancestry(art.root, art.manifest)[:LOOKBACK]:
         try:
             s = find_scores(scores_root, fingerprint=anc, kind=IL_KIND, split=split, config=key)
         except ScoresError as e:  # corrupt or partial: look further back, and say so if nothing is found
