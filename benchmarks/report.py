@@ -600,14 +600,15 @@ def warm_sweep(d: dict[str, Any], name: str = "nightly_growth_warm_sweep.json") 
     lines = [f"Warm-start settings swept on seed {d['seeds'][0]} of the same schedule (the nightly flow with "
              "`warm.init=auto` and each `warm.*` setting, its own data root night after night; points against "
              f"that seed's `plain scratch`; night 0 has no champion yet, so it is one run for all):", "",
-             "| warm setting | " + " | ".join(f"night {n}" for n in nights) + " | steps, warm nights | within 0.2 every night |",
-             "|---|" + "---|" * len(nights) + "---|---|"]
+             "| warm setting | " + " | ".join(f"night {n}" for n in nights) + " | steps, warm nights | within 0.2 every night "
+             "| commit |",
+             "|---|" + "---|" * len(nights) + "---|---|---|"]
     for t in d["settings"]:
         by = {x["night"]: x for x in t["nights"]}
         cells = [_pts(by[n]["points_vs_scratch"]) if n in by else "—" for n in nights]
         label = ", ".join(f"{k} {v:g}" for k, v in t["warm"].items()) or "defaults"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {t.get('warm_steps', '—')} | "
-                     f"{'yes' if t.get('within') else 'no'} |")
+                     f"{'yes' if t.get('within') else 'no'} | `{str(t.get('commit') or d['commit'])[:7]}` |")
     e = d.get("earlier_grid")
     if e:
         lines += ["", f"An earlier grid (commit `{e['commit']}`, stopped {e['stopped']}) had night {e['night']} at "
