@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     grid = [g for i, g in enumerate(GRID) if args.only is None or i in args.only]
     recipe = plain_recipe(args.quick)
     work = args.work or Path(tempfile.mkdtemp(prefix="sluice-warm-sweep-"))
+    work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(work / "prefect"))
     about = describe_run("benchmarks.nightly_warm_sweep", argv)
     name = "nightly_growth_warm_sweep" + ("_quick" if args.quick else "")
