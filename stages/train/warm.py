@@ -39,15 +39,17 @@ class WarmStartConfig(BaseModel):
     """Where tonight's weights start, and what a warm run trains on."""
     model_config = ConfigDict(extra="forbid")
     init: Literal["scratch", "champion", "auto"] = Field(
-        "scratch", description="scratch: random weights, every sample; champion: the champion's weights "
+        "auto", description="scratch: random weights, every sample; champion: the champion's weights "
         "(refused, naming why, when it cannot be); auto: the champion when it can be, else scratch")
     replay: str = Field("uniform", description="a registered replay policy: uniform, champion_loss, reducible_loss")
-    # replay_ratio 3 and lr_scale 0.2: the warm sweep's least-bad setting (nightly_growth_warm_sweep.json,
-    # seed 0, commit 03f3d36): every setting tried drifted 0.7-1.05 points below plain scratch by
-    # night 3, which is why warm.init stays scratch by default
-    replay_ratio: float = Field(3.0, ge=0, description="old samples replayed per new sample")
+    # The warm sweep's choice (nightly_growth_warm_sweep.json, seed 0, commit d4a73e5): replaying every
+    # old sample for 2 epochs at half the recipe's peak stayed within 0.2 points of plain scratch on
+    # every night (-0.15 to +0.38) in ~0.3x its steps; every bounded replay tried (1, 3 or 5 old
+    # samples per new one, peaks 0.1-0.5) fell 0.29-1.05 points behind on some night.
+    replay_ratio: float | None = Field(None, ge=0, description="old samples replayed per new sample "
+                                       "(None: every old sample)")
     epochs: float = Field(2.0, gt=0, description="passes over new + replayed samples")
-    lr_scale: float = Field(0.2, gt=0, le=1, description="the warm run's peak lr, as a share of the recipe's")
+    lr_scale: float = Field(0.5, gt=0, le=1, description="the warm run's peak lr, as a share of the recipe's")
     warmup_fraction: float = Field(0.1, ge=0, lt=1, description="the warm run's share of steps warming up "
                                    "to its peak (the champion's weights are trained: no floor in steps)")
 
@@ -121,7 +123,7 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     old, new = np.flatnonzero(seen & live), np.flatnonzero(live & ~seen)
     if new.size == 0:
         return _refuse(warm, f"tonight's {split} split holds nothing champion {champ.model_id} has not seen")
-    count = min(old.size, int(round(warm.replay_ratio * new.size)))
+    count = old.size if warm.replay_ratio is None else min(old.size, int(round(warm.replay_ratio * new.size)))
     ctx = ReplayContext(old=old, count=count, rng=np.random.default_rng([job.config.seed, 0x5EED]),
                         champion_losses=lambda idx: losses_by_key(ckpt, root, split, idx).values,
                         irreducible=lambda: open_scores(il_path).values if il_path else None)
