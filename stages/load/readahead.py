@@ -2,18 +2,19 @@
 
 FFCV reads its ``.beton`` through mmap page faults inside its compiled decoder, so its storage
 time hides in its decode time, and on a cold file each fault pulls in a whole read-around
-window for one small sample. This thread ``pread``s exactly the byte ranges of the next
-``ahead`` batches' samples into the page cache, timed as ``read``: the decoder then finds them
-cached, and the profile can tell storage time from decode time.
+window for one small sample. This thread reads exactly the byte ranges of the next ``ahead``
+batches' samples into the page cache (through its own map of the file, advised random access),
+timed as ``read``: the decoder then finds them cached, and the profile can tell storage time
+from decode time.
 
 With ``checked`` (a batch's indices -> the offsets and sizes of the ranges to check, one per
-sample), the thread reads those ranges instead, through a read-only map of the file, and takes
-the CRC-32 of each (no second read, and off the loader's thread); ``crcs(b)`` hands batch ``b``'s
-checksums to the reader, which compares them before it yields the batch. A reader that can checksum a batch
-itself (an FFCV ndarray field: its decoded pixels are its stored bytes) asks with ``poll(b)``
-instead, which does not wait: when the thread is behind (small samples, its per-sample reads
-short of the GIL on a busy host), the reader checks that batch itself, and the thread skips the
-batches already taken rather than read them for nothing.
+sample), the thread reads those ranges instead and takes the CRC-32 of each (no second read, and
+off the loader's thread); ``crcs(b)`` hands batch ``b``'s checksums to the reader, which compares
+them before it yields the batch. A reader that can checksum a batch itself (an FFCV ndarray
+field: its decoded pixels are its stored bytes) asks with ``poll(b)`` instead, which does not
+wait: when the thread is behind (small samples, its per-sample reads short of the GIL on a busy
+host), the reader checks that batch itself, and the thread skips the batches already taken
+rather than read them for nothing.
 """
 from __future__ import annotations
 
@@ -88,12 +89,12 @@ class Readahead:
             self._thread = None
 
     def _run(self) -> None:
-        pread, crc = os.pread, zlib.crc32
+        crc, touch = zlib.crc32, zlib.adler32
         fd, mm, view = -1, None, None
         try:
             fd = os.open(self.path, os.O_RDONLY)
-            if self.checked is not None and os.fstat(fd).st_size:
-                # the checked ranges through a map: a slice per sample instead of a pread syscall
+            if os.fstat(fd).st_size:
+                # reads through a map: one C call on a slice per sample instead of a pread syscall
                 # and a bytes object (small samples: the per-sample cost is the loop's); random
                 # access, so a page fault reads its page and no read-around window
                 mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -115,8 +116,9 @@ class Readahead:
                     with self._cond:
                         self._crcs[b] = got
                         self._cond.notify_all()
-                for off, size in self.ranges(idx):
-                    pread(fd, size, off)
+                if view is not None:
+                    for off, size in self.ranges(idx):
+                        touch(view[off:off + size])  # every page of the range, into the page cache
                 self.timings.add("read", time.perf_counter() - t)
         except BaseException as e:  # noqa: BLE001 - the reader waiting on crcs() raises it
             self._error = e
