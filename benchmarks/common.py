@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -44,3 +45,10 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     write_json(path, payload)
     return path
+
+
+def paired_overhead(on_s: list[float], off_s: list[float]) -> float:
+    """1 - the median over rounds of (off epoch time / on epoch time): each round ran both arms
+    back to back, so the host's drift between rounds cancels (shown beside the ratio of medians,
+    which decides the goal)."""
+    return 1 - statistics.median(off / on for on, off in zip(on_s, off_s))

@@ -57,7 +57,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from benchmarks.common import table, write_result
+from benchmarks.common import paired_overhead, table, write_result
 from benchmarks.photo_crops import CACHE, folder_files, make_photo_crops
 
 BATCH = 256
@@ -454,13 +454,6 @@ def bench_dataset(ds: str, art: dict, backends: list[str], warmup: int, epochs: 
         raw = next((x for x in out if x["name"] == OURS_RAW.get(r["name"]) and x.get("samples_per_s")), None)
         r["x_raw"] = sps / raw["samples_per_s"] if raw else None
     return out
-
-
-def paired_overhead(on_s: list[float], off_s: list[float]) -> float:
-    """1 - the median over rounds of (off epoch time / on epoch time): each round ran both arms
-    back to back, so the host's drift between rounds cancels (shown beside the ratio of medians,
-    which decides the goal)."""
-    return 1 - statistics.median(off / on for on, off in zip(on_s, off_s))
 
 
 def check_costs(rows: list[dict]) -> dict:

@@ -225,8 +225,7 @@ def steps_per_pass(cfg: dict[str, Any], keys: list[str]) -> int:
     seen = Registry(c.registry_dir()).trained_hashes(champ) if champ else None
     if seen is not None:
         new = int((~np.isin(hash_keys(train), seen)).sum())
-        ratio = c.warm.replay_ratio
-        n = new + (n - new if ratio is None else min(n - new, round(ratio * new))) if new else n
+        n = new + c.warm.replay_count(n - new, new) if new else n
     return max(1, n // c.ranks() // c.train.batch_size)
 
 

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fm = fashion_mnist()
     scratch: list[dict[str, Any]] = []
     tried = [{"warm": g, "commit": about["commit"], "nights": []} for g in grid]
-    kept = earlier_settings(name, args.seed, sch, recipe, grid)  # measured before, not repeated here
+    # the settings measured before and not repeated here, then this run's (filled in night by night)
+    settings = earlier_settings(name, args.seed, sch, recipe, grid) + tried
     t0 = time.time()
     try:
         for night in plan_nights(args.seed, sch, fm["y"]):
@@ -164,9 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"({x['points_vs_scratch']:+.2f} points vs scratch {target:.4f}), training {x['train_s']:.0f} s, "
                       f"wall {x['wall_s']:.0f} s, {x['init']} ({x['new']} new + {x['replayed']} replayed)", flush=True)
             npz.unlink()
-            best, rule = choose(kept + tried)
+            best, rule = choose(settings)
             result = {**about, "mode": "quick" if args.quick else "full", "seeds": [args.seed], "schedule": sch,
-                      "plain": recipe, "scratch": scratch, "settings": kept + tried, "earlier_grid": EARLIER, "chosen": best["warm"], "rule": rule,
+                      "plain": recipe, "scratch": scratch, "settings": settings, "earlier_grid": EARLIER, "chosen": best["warm"], "rule": rule,
                       "nights_done": n + 1, "total_s": time.time() - t0, "load_average_end": load_average()}
             write_result(name, result)
     finally:
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
     rows = [{"warm": json.dumps(t["warm"]), "worst points": t.get("worst_points"), "within": t.get("within"),
              "warm steps": t.get("warm_steps"), "warm training s": t.get("warm_train_s"),
-             **{f"night {x['night']}": f"{x['points_vs_scratch']:+.2f}" for x in t["nights"]}} for t in kept + tried]
+             **{f"night {x['night']}": f"{x['points_vs_scratch']:+.2f}" for x in t["nights"]}} for t in settings]
     print(table(rows, list(rows[0])))
     print(f"chosen: {json.dumps(result['chosen'])} ({rule})\nwrote {RESULTS / name}.json")
     return result

@@ -58,6 +58,10 @@ class WarmStartConfig(BaseModel):
     def _registered(cls, v: str) -> str:
         return REPLAY_POLICIES.validate(v)
 
+    def replay_count(self, old: int, new: int) -> int:
+        """How many of ``old`` already-learnt samples a warm run with ``new`` new ones replays."""
+        return old if self.replay_ratio is None else min(old, int(round(self.replay_ratio * new)))
+
 
 class WarmPlan(BaseModel):
     """A warm run, as decided: recorded with the model it produces."""
@@ -123,7 +127,7 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     old, new = np.flatnonzero(seen & live), np.flatnonzero(live & ~seen)
     if new.size == 0:
         return _refuse(warm, f"tonight's {split} split holds nothing champion {champ.model_id} has not seen")
-    count = old.size if warm.replay_ratio is None else min(old.size, int(round(warm.replay_ratio * new.size)))
+    count = warm.replay_count(old.size, new.size)
     ctx = ReplayContext(old=old, count=count, rng=np.random.default_rng([job.config.seed, 0x5EED]),
                         champion_losses=lambda idx: losses_by_key(ckpt, root, split, idx).values,
                         irreducible=lambda: open_scores(il_path).values if il_path else None)
