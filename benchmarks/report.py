@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks.common import paired_overhead
 from benchmarks.hostinfo import class_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -499,7 +500,7 @@ def loader_checks(d: dict[str, Any]) -> list[str]:
             on, off = rows.get((ds, f"sluice {b}")), rows.get((ds, f"sluice {b} (checks off)"))
             paired = v.get("overhead_paired")
             if paired is None and on and off:  # files written before the benchmark recorded it
-                paired = 1 - statistics.median(b / a for a, b in zip(on["epoch_s_all"], off["epoch_s_all"]))
+                paired = paired_overhead(on["epoch_s_all"], off["epoch_s_all"])
             lines.append(f"| {ds} | {b} | {v['on']:,.0f} | {v['off']:,.0f} | {100 * v['overhead']:+.1f}% "
                          f"({'met' if v['met'] else 'missed'}) | "
                          + ("—" if paired is None else f"{100 * paired:+.1f}%") + " |")
@@ -593,7 +594,8 @@ def nightly_growth(d: dict[str, Any], name: str = "nightly_growth.json") -> list
     prov = {(p["commit"], p["when"][:10]) for a in d["runs"].values() for r in a.values()
             for p in [r["provenance"]]}
     if len(prov) > 1:
-        lines += ["", "Arms and seeds measured in separate runs (merged): " + "; ".join(
+        lines += ["", "Arms and seeds measured in separate runs (merged; the time ratios compare runs made at "
+                      "different times, not interleaved, so they carry the host's drift between them): " + "; ".join(
             f"{arm} seed {s}: commit `{str(r['provenance']['commit'])[:12]}`, {r['provenance']['when']}"
             for arm, a in d["runs"].items() for s, r in a.items()) + "."]
     return lines + ["", provenance(d, name)]
@@ -623,7 +625,12 @@ def warm_sweep(d: dict[str, Any], name: str = "nightly_growth_warm_sweep.json") 
                       + "; ".join(f"{', '.join(f'{k} {v:g}' for k, v in x['warm'].items()) or THEN_DEFAULTS}: "
                                   f"{_pts(x['points_vs_scratch'])} points" for x in e["settings"]) + "."]
     chosen = ", ".join(f"{k} {v:g}" for k, v in d["chosen"].items()) or "the defaults"
-    lines += ["", f"Kept by the sweep's rule ({d['rule']}): {chosen}."]
+    lines += ["", f"Kept by the sweep's rule ({d['rule']}): {chosen}. The rule reads seed {d['seeds'][0]}'s test "
+                  "accuracy, so that seed's figures above are not an unseen check of the choice; the other seeds "
+                  "of `nightly_growth` are."]
+    if any((t["warm"].get("replay_ratio") or 0) >= 100 for t in d["settings"]):
+        lines[-1] += (" A replay_ratio of 100 is above every night's ratio of old to new samples: it replays "
+                      "every old sample, which the default (`warm.replay_ratio` unset) does.")
     return lines + ["", provenance(d, name)]
 
 
