@@ -41,17 +41,19 @@ REQUIRED = ("none", "fp16", "powersgd_rank1", "powersgd_rank2", "powersgd_rank4"
 
 def modes(start_iter: int) -> dict[str, dict[str, Any]]:
     """Config overrides per benchmark key."""
-    psgd = {"mode": "powersgd", "start_iter": start_iter, "error_feedback": True, "warm_start": True}
+    def psgd(rank: int, dtype: str = "fp32") -> dict[str, Any]:
+        return {"mode": "powersgd", "params": {"rank": rank, "dtype": dtype, "start_iter": start_iter,
+                                               "error_feedback": True, "warm_start": True}}
     return {
         "none": {"comm": {"mode": "none"}},
         "fp16": {"comm": {"mode": "fp16"}},
-        "powersgd_rank1": {"comm": {**psgd, "powersgd_rank": 1}},
-        "powersgd_rank2": {"comm": {**psgd, "powersgd_rank": 2}},
-        "powersgd_rank4": {"comm": {**psgd, "powersgd_rank": 4}},
+        "powersgd_rank1": {"comm": psgd(1)},
+        "powersgd_rank2": {"comm": psgd(2)},
+        "powersgd_rank4": {"comm": psgd(4)},
         "bf16_autocast": {"comm": {"mode": "none"}, "amp": "bf16"},
         # extra: PowerSGD sending fp16 (half the bytes again)
-        "powersgd_rank1_fp16": {"comm": {**psgd, "powersgd_rank": 1, "powersgd_dtype": "fp16"}},
-        "powersgd_rank2_fp16": {"comm": {**psgd, "powersgd_rank": 2, "powersgd_dtype": "fp16"}},
+        "powersgd_rank1_fp16": {"comm": psgd(1, "fp16")},
+        "powersgd_rank2_fp16": {"comm": psgd(2, "fp16")},
     }
 
 

@@ -63,8 +63,8 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 START_ITER = 20
 MODES = {"none": {"mode": "none"},
-         "powersgd_rank2": {"mode": "powersgd", "powersgd_rank": 2, "start_iter": START_ITER,
-                            "error_feedback": True, "warm_start": True}}
+         "powersgd_rank2": {"mode": "powersgd", "params": {"rank": 2, "start_iter": START_ITER,
+                                                           "error_feedback": True, "warm_start": True}}}
 EVAL_EVERY = 25
 # a compressed mode may need more steps than the uncompressed run to reach the same accuracy; it
 # trains for the smallest of these multiples of the uncompressed budget that reaches the target

@@ -106,10 +106,14 @@ def run_method(method: str, a: argparse.Namespace, data: dict, il, noise_mask, s
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.wd)
     n_cand = {"uniform": a.nb, "importance": a.nb, "selective_backprop": a.sb_nB}.get(method, a.nB)
     base = VARIANTS.get(method, method)
-    cfg = SelectionConfig(method="none" if method == "uniform" else base, n_select=a.nb,
-                          label_noise=label_noise if method in VARIANTS else 0.0,
-                          seed=seed, smoothing=a.smoothing, score_mode=a.score_mode,
-                          score_chunk=a.score_chunk)
+    name = "none" if method == "uniform" else base
+    params = {}  # each method's own knobs (selection.params)
+    if name in ("loss", "rho_loss", "selective_backprop"):
+        params = {"label_noise": label_noise if method in VARIANTS else 0.0, "score_mode": a.score_mode,
+                  "score_chunk": a.score_chunk}
+    elif name == "importance":
+        params = {"smoothing": a.smoothing}
+    cfg = SelectionConfig(method=name, n_select=a.nb, seed=seed, params=params)
     sel = build_selector(cfg, il, candidate_size=n_cand, split_size=len(y), noise_mask=noise_mask)
     stream = Stream(len(y), seed)
     curve, train_s, cpu_s, noisy, n_sel = [], 0.0, 0.0, 0.0, 0.0

@@ -29,7 +29,7 @@ from benchmarks.hostinfo import describe_run, load_average, results_name
 TINY: dict[str, Any] = {
     "prepare": {"ingest": {"limit": 1500}, "shard": {"shard_samples": 500, "workers": 1, "progress": False}},
     "selection": {"method": "rho_loss", "ratio": 0.5, "il": {"epochs": 1}},
-    "train": {"max_steps": 20, "batch_size": 32, "comm": {"mode": "powersgd", "start_iter": 5}},
+    "train": {"max_steps": 20, "batch_size": 32, "comm": {"mode": "powersgd", "params": {"start_iter": 5}}},
     "promotion": {"margin": 0.05}, "nproc": 2}
 
 RUN = """

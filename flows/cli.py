@@ -69,15 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-# The demo's budget: 3.5 epochs of the default recipe instead of the nightly deployment's 5.5,
-# so a first run ends well within 3 minutes on a 2-core CPU above 92% (`benchmarks.demo`
-# measures it); `--set train.epochs=5.5` gives the nightly recipe.
-DEMO_BASE = {"train": {"epochs": 3.5}}
 HOST_NOTE = "host class: precision, ranks x threads, batch per rank; an explicit --set wins"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    cfg = _pipeline_config(args, base=DEMO_BASE)
+    cfg = _pipeline_config(args, base={"recipe": "demo"})  # flows/recipes/demo.yaml
     il = " -> irreducible loss" if cfg.selection.needs_il else ""
     sel = f" with {cfg.selection.method} selection" if cfg.selection.method != "none" else ""
     comm = f", {cfg.train.comm.mode} compression" if cfg.train.comm.mode != "none" else ""
@@ -87,6 +83,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    import yaml
+    cfg = _pipeline_config(args, base={"recipe": args.recipe})
+    print(f"# the config a run would use: recipe {cfg.recipe!r} (flows/recipes/{cfg.recipe}.yaml)"
+          + (f" + {args.config}" if args.config else "") + "".join(f" + --set {o}" for o in args.overrides))
+    print(f"# resolved for this host at run time: {cfg.resolved_for_host()}  ({HOST_NOTE})")
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=100), end="")
     return 0
 
 
@@ -137,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data-root", default=None, help="overrides data_root")
     _add_config_args(t)
     t.set_defaults(fn=cmd_run, flow="train")
+
+    c = sub.add_parser("config", help="the resolved pipeline config")
+    csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    cs = csub.add_parser("show", help="print the fully resolved config a run would use",
+                         description="Print the pipeline config a run would use, every field resolved: the "
+                                     "recipe, then --config, then --set (docs/configuration.md).")
+    cs.add_argument("--recipe", default="default", help="the recipe underneath (default: default; the demo's: demo)")
+    cs.add_argument("--data-root", default=None, help="overrides data_root")
+    _add_config_args(cs)
+    cs.set_defaults(fn=cmd_config_show)
 
     m = sub.add_parser("models", help="the model registry")
     msub = m.add_subparsers(dest="models_command", required=True, metavar="ACTION")

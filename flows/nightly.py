@@ -9,22 +9,19 @@ Prefect's cache is gone.
 """
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import FlowRunContext
 
-from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact  # noqa: E402
-from prefect.context import FlowRunContext  # noqa: E402
-
-from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job  # noqa: E402
-from sluice.flows.report import report_markdown  # noqa: E402
-from sluice.storage.fingerprint import combine, hash_obj  # noqa: E402
+from sluice.flows.pipeline import PipelineConfig, training_job
+from sluice.flows.report import report_markdown
+from sluice.storage.fingerprint import combine, hash_obj
 
 
 def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
@@ -62,7 +59,7 @@ def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
     cfg = PrepareConfig.model_validate(prepare)
     s = shard_dataset(cfg.ingest, out, cfg.shard)
     get_run_logger().info("\n" + s.format())
-    return dataset_info(s)
+    return s.info()
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2)
@@ -72,13 +69,12 @@ def write_shard_task(spec: dict[str, Any], shard: dict[str, Any]) -> dict[str, A
 
 
 def _task_runner(name: str):
-    import os as _os
     if name == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
-        return ThreadPoolTaskRunner(max_workers=_os.cpu_count() or 1)
+        return ThreadPoolTaskRunner(max_workers=os.cpu_count() or 1)
     if name == "processes":
         from prefect.task_runners import ProcessPoolTaskRunner
-        return ProcessPoolTaskRunner(max_workers=_os.cpu_count() or 1)
+        return ProcessPoolTaskRunner(max_workers=os.cpu_count() or 1)
     if name.startswith("dask://"):
         from sluice.errors import require
         require("prefect_dask", "prefect-dask", "dask", "running the shard map on a Dask cluster")
@@ -110,76 +106,25 @@ def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root:
             **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
 
 
-@contextlib.contextmanager
-def _progress(metrics: Path, log, every_s: float = 15.0):
-    """Log the training progress from rank 0's metrics file while torchrun runs."""
-    stop = threading.Event()
-
-    def watch() -> None:
-        seen = 0
-        while not stop.wait(every_s):
-            if not metrics.exists():
-                continue
-            lines = metrics.read_text().splitlines()
-            steps = [json.loads(x) for x in lines[seen:] if x.startswith('{"step"')]
-            evals = [json.loads(x)["eval"] for x in lines[seen:] if x.startswith('{"eval"')]
-            seen = len(lines)
-            if steps:
-                m = steps[-1]
-                log.info(f"training: step {m['step']} epoch {m['epoch']} loss {m['loss']:.4f} "
-                         f"{m['samples_per_s']:.0f} samples/s, data wait {100 * m['data_wait_frac']:.0f}%"
-                         + (f", eval acc {evals[-1]['acc']:.4f}" if evals else ""))
-    th = threading.Thread(target=watch, daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join()
-
-
 @task(name="train", retries=1, retry_delay_seconds=10)
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
     """torchrun with ``nproc`` ranks on this machine, or on each of ``launch.nodes``; a retry
     resumes from the run's last checkpoint."""
-    from sluice.stages.train.launch import launch
-    from sluice.stages.train.nodes import launch_nodes
-    from sluice.stages.train.warm import starting_point
-    t0 = time.perf_counter()
+    from sluice.stages.train.stage import run_training
     c = PipelineConfig.model_validate(cfg)
-    log = get_run_logger()
     il_path = il["path"] if il else None
-    job, warm = starting_point(c.warm, c.registry_dir(), training_job(c, data, il_path), il_path, run_dir)
-    log.info(f"weights: {warm['init']} ({warm['why']})")
-    if warm.get("selector_why"):
-        log.info(f"selection: {warm['selector_why']}")
-    on_line = lambda line: log.info(line.rstrip()) if line.strip() else None  # noqa: E731
-    with _progress(Path(run_dir) / "metrics.jsonl", log):
-        if c.launch.nodes:
-            result = launch_nodes(job, c.launch, nproc=c.ranks(), out_dir=run_dir,
-                                  timeout_s=c.train_timeout_s, on_line=on_line)
-        else:
-            result = launch(job, nproc=c.ranks(), out_dir=run_dir, timeout_s=c.train_timeout_s,
-                            max_restarts=c.launch.max_restarts, on_line=on_line)
-    return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
-            "wall_s": time.perf_counter() - t0,
-            "summary": result.summary, "evals": result.evals, "metrics_path": str(Path(run_dir) / "metrics.jsonl"),
-            "warm": warm}
+    return run_training(training_job(c, data, il_path), c.warm, c.registry_dir(), il_path, run_dir, c.launch,
+                        nproc=c.ranks(), timeout_s=c.train_timeout_s, log=get_run_logger().info)
 
 
 @task(name="verify-artifact")
 def verify_task(root: str, on_corrupt: str) -> dict[str, Any]:
     """Every sample's checksum before training (``sluice verify``, the cheap form): the result
     goes into the report; damage fails the run here, naming it, unless the loader skips it."""
-    from sluice.errors import ArtifactError
-    from sluice.stages.data.verify import verify_artifact
-    r = verify_artifact(root)
-    get_run_logger().info(r.format())
-    if not r.ok and on_corrupt == "fail":
-        raise ArtifactError(r.format() + "\n(loader.on_corrupt: skip trains without the damaged samples)")
-    return {"ok": r.ok, "samples": r.samples, "seconds": r.seconds, "unchecked": r.unchecked,
-            "damaged": [{"file": d.file, "index": d.index, "key": d.key} for d in r.damaged[:100]],
-            "damaged_count": len(r.damaged)}
+    from sluice.stages.data.verify import check_before_training
+    report, summary = check_before_training(root, on_corrupt)
+    get_run_logger().info(report.format())
+    return summary
 
 
 @task(name="gc-dataset-versions")
@@ -221,6 +166,16 @@ def report_task(summary: dict[str, Any], metrics_path: str) -> str:
 
 # ------------------------------------------------------------------ flows
 
+def _cached(task_fn, args: tuple, still_there: Callable[[dict[str, Any]], Path]) -> dict[str, Any]:
+    """Run a content-keyed task; when Prefect hands back a cached result whose files were deleted
+    since (``still_there`` names the file that must exist), run it again past the cache."""
+    out = task_fn(*args)
+    if not still_there(out).exists():
+        out = task_fn.with_options(refresh_cache=True)(*args)
+    return out
+
+
+
 def _run_info() -> dict[str, Any]:
     ctx = FlowRunContext.get()
     if ctx and ctx.flow_run:
@@ -239,7 +194,7 @@ def _prepare_on_runner(config: dict[str, Any]) -> dict[str, Any]:
         return [f.result() for f in write_shard_task.map(unmapped(spec), shards)]
     s = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard, map_shards=on_runner)
     get_run_logger().info("\n" + s.format())
-    return dataset_info(s)
+    return s.info()
 
 
 @flow(name="prepare", log_prints=True)
@@ -250,10 +205,7 @@ def prepare(config: PipelineConfig | None = None) -> dict[str, Any]:
         runner = _task_runner(c.prepare_runner)
         return _prepare_on_runner.with_options(task_runner=runner)(c.model_dump(mode="json"))
     args = (c.prepare.model_dump(mode="json"), str(c.dataset_dir()))
-    data = shard_task(*args)
-    if not (Path(data["root"]) / "manifest.json").exists():  # cached, but deleted since: redo
-        data = shard_task.with_options(refresh_cache=True)(*args)
-    return data
+    return _cached(shard_task, args, lambda data: Path(data["root"]) / "manifest.json")
 
 
 @flow(name="train", log_prints=True)
@@ -264,9 +216,7 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     il = None
     if c.selection.needs_il:
         args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()))
-        il = il_task(*args)
-        if not Path(il["path"]).exists():  # cached, but deleted since: recompute
-            il = il_task.with_options(refresh_cache=True)(*args)
+        il = _cached(il_task, args, lambda il: Path(il["path"]))
     checked = verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
     run = _run_info()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")

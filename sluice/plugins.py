@@ -23,6 +23,8 @@ import threading
 from importlib import metadata
 from typing import Callable, Generic, Iterator, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
 from sluice.errors import ConfigError
 
 T = TypeVar("T")
@@ -88,3 +90,23 @@ class PluginRegistry(Generic[T]):
 
     def __repr__(self) -> str:
         return f"PluginRegistry({self.axis!r}: {', '.join(self.names())})"
+
+
+def entry_params(entry: object, name: str, params: dict, what: str) -> dict:
+    """``params`` checked against the ``Params`` model an entry declares beside its code, defaults
+    filled in (so a resolved config shows every knob); an entry without one takes none. Raises
+    ValueError naming the bad knob and the ones the entry takes."""
+    model = getattr(entry, "Params", None)
+    if model is None:
+        if params:
+            raise ValueError(f"{what} {name!r} takes no params, got {sorted(params)}")
+        return {}
+    assert issubclass(model, BaseModel)
+    try:
+        return model.model_validate(params).model_dump(mode="json")
+    except ValidationError as e:
+        takes = ", ".join(model.model_fields) or "none"
+        problems = "; ".join(f"params.{'.'.join(map(str, err['loc']))}: "
+                             f"{'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}"
+                             for err in e.errors())
+        raise ValueError(f"{what} {name!r}: {problems} (it takes: {takes})") from None

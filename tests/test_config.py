@@ -11,9 +11,9 @@ from sluice.flows.pipeline import PipelineConfig
 def test_a_partial_section_changes_only_what_it_names(tmp_path):
     default = PipelineConfig()
     f = tmp_path / "c.yaml"
-    f.write_text("train:\n  max_steps: 500\n  comm: {start_iter: 30}\nselection: {ratio: 0.25}\n")
+    f.write_text("train:\n  max_steps: 500\n  comm: {bucket_cap_mb: 30}\nselection: {ratio: 0.25}\n")
     c = load_config(PipelineConfig, f, ["train.epochs=8"])
-    assert (c.train.max_steps, c.train.epochs, c.train.comm.start_iter) == (500, 8, 30)
+    assert (c.train.max_steps, c.train.epochs, c.train.comm.bucket_cap_mb) == (500, 8, 30)
     assert c.selection.ratio == 0.25 and c.selection.method == default.selection.method
     # everything not named is the pipeline's default, not the stage class's own default
     for field in ("amp", "channels_last", "model_kwargs", "normalize_mean", "lr"):
@@ -90,3 +90,70 @@ def test_auto_ranks_on_pinned_nodes_follow_each_nodes_cores():
     wide = [{"address": "10.213.0.1", "cpus": "0-2,5"}, {"address": "10.213.0.2", "cpus": "4,6-8"}]
     assert PipelineConfig.model_validate({"launch": {"nodes": wide}}).ranks() == 4
     assert PipelineConfig.model_validate({"nproc": 3, "launch": {"nodes": nodes}}).ranks() == 3
+
+
+# ---------------------------------------------------------------- recipes and `sluice config show`
+
+def test_the_recipe_is_where_pipeline_defaults_come_from(monkeypatch, tmp_path):
+    """Change a value in the recipe file and the pipeline's default follows; the stage config's
+    own default does not move (recipes are the one place pipeline defaults live)."""
+    import sluice.flows.recipe as recipe
+    from sluice.stages.train.config import TrainConfig
+    assert PipelineConfig().train.lr == 0.2 and TrainConfig().lr == 0.1
+    fake = tmp_path / "recipes"
+    fake.mkdir()
+    (fake / "default.yaml").write_text((recipe.RECIPES_DIR / "default.yaml").read_text().replace("lr: 0.2", "lr: 0.3"))
+    monkeypatch.setattr(recipe, "RECIPES_DIR", fake)
+    assert PipelineConfig().train.lr == 0.3 and TrainConfig().lr == 0.1
+
+
+def test_the_demo_recipe_is_the_default_with_a_shorter_budget():
+    default, demo = PipelineConfig(), PipelineConfig(recipe="demo")
+    assert (default.train.epochs, demo.train.epochs) == (5.5, 3.5)
+    assert demo.model_copy(update={"recipe": "default", "train": default.train}) == default
+
+
+@pytest.mark.parametrize("name,match", [("../../etc/passwd", "letters, digits"), ("nope", "unknown recipe.*default")])
+def test_a_recipe_is_named_never_a_path(name, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(PipelineConfig, None, [f"recipe={name}"])
+
+
+def test_a_method_hook_or_model_change_drops_the_recipes_knobs_for_the_old_one(monkeypatch, tmp_path):
+    import sluice.flows.recipe as recipe
+    fake = tmp_path / "recipes"
+    fake.mkdir()
+    (fake / "default.yaml").write_text(
+        "selection: {method: infobatch, params: {prune: 0.3}}\n"
+        "train: {model: small_cnn, model_kwargs: {width: 8}, comm: {mode: powersgd, params: {rank: 4}}}\n")
+    monkeypatch.setattr(recipe, "RECIPES_DIR", fake)
+    kept = PipelineConfig()
+    assert (kept.selection.params["prune"], kept.train.comm.params["rank"], kept.train.model_kwargs) == (0.3, 4, {"width": 8})
+    c = load_config(PipelineConfig, None, ["selection.method=rho_loss", "train.comm.mode=fp16", "train.model=bn_cnn"])
+    assert c.selection.method == "rho_loss" and "prune" not in c.selection.params
+    assert c.train.comm.params == {} and c.train.model_kwargs == {}
+
+
+@pytest.mark.parametrize("section,match", [
+    ({"selection": {"method": "infobatch", "params": {"beta": 2}}}, r"params.beta: unknown key \(it takes: prune, anneal, sync_every\)"),
+    ({"train": {"comm": {"mode": "fp16", "params": {"rank": 1}}}}, r"compression hook 'fp16': params.rank: unknown key"),
+    ({"selection": {"method": "none", "params": {"prune": 0.1}}}, "takes no params"),
+])
+def test_each_method_and_hook_checks_its_own_params(section, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(PipelineConfig, None, [], base=section)
+
+
+def test_config_show_prints_the_resolved_config_a_run_would_use(capsys):
+    """The printed YAML validates back to exactly the config the demo runs with, --set applied."""
+    import yaml
+    from sluice.flows.cli import main
+    assert main(["config", "show", "--recipe", "demo", "--set", "train.lr=0.05"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# the config a run would use: recipe 'demo'") and "resolved for this host" in out
+    shown = yaml.safe_load(out)
+    assert shown["train"]["epochs"] == 3.5 and shown["train"]["lr"] == 0.05
+    assert isinstance(shown["train"]["batch_size"], int)  # "auto" resolved
+    assert shown["selection"]["params"] == {"prune": 0.5, "anneal": 0.875, "sync_every": 16}
+    assert PipelineConfig.model_validate(shown) == load_config(PipelineConfig, None, ["train.lr=0.05"],
+                                                              base={"recipe": "demo"})

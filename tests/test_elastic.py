@@ -125,7 +125,7 @@ def test_the_artifact_loader_resumes_a_curriculum_epoch_at_another_world_size(fm
 
 def test_powersgd_residuals_are_averaged_and_the_rest_is_shared():
     from sluice.stages.train.comm import build_hook
-    hook = build_hook(CommConfig(mode="powersgd", start_iter=3))
+    hook = build_hook(CommConfig(mode="powersgd", params={"start_iter": 3}))
     states = [{"mode": "powersgd", "iter": 9, "errors": {0: torch.full((2, 2), float(r))},
                "qs": {0: torch.ones(2, 1)}} for r in range(3)]
     merged = hook.merge_rank_states(states)

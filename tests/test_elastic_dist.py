@@ -36,7 +36,7 @@ def job(data, world: int, **kw):
            "lr_reference_batch": G,  # the lr refers to the starting global batch, not the resumed world's
            **kw}
     # sync_every 5: the halt at step 7 leaves 2 steps' losses pending in each rank's state
-    sel = {"config": {"method": "infobatch", "prune": 0.5, "anneal": 0.9, "sync_every": 5},
+    sel = {"config": {"method": "infobatch", "params": {"prune": 0.5, "anneal": 0.9, "sync_every": 5}},
            "candidate_size": G // world, "split_size": N}
     return make_job(cfg, *data, selection=sel)
 

@@ -199,7 +199,7 @@ def _ddp_run(device, mode, steps, state=None, save_at=None, ckpt=None):
                                 torch.nn.Linear(512, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[0] if device == "cuda" else None, bucket_cap_mb=0.02)  # several buckets
-    hook = build_hook(CommConfig(mode=mode, start_iter=2, powersgd_rank=2), seed=0)
+    hook = build_hook(CommConfig(mode=mode, params={"start_iter": 2, "rank": 2} if mode == "powersgd" else {}), seed=0)
     hook.register(ddp)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     first = 0

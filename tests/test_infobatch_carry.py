@@ -29,7 +29,7 @@ from sluice.storage.lineage import split_key_hashes
 from sluice.storage.registry import Registry
 
 CFG = ShardConfig(workers=1, progress=False, shard_samples=200, formats=["webdataset"])
-IB = SelectionConfig(method="infobatch", prune=0.5, sync_every=1000)
+IB = SelectionConfig(method="infobatch", params={"prune": 0.5, "sync_every": 1000})
 WARM = WarmStartConfig(init="champion", replay_ratio=1.0)
 
 

@@ -40,7 +40,7 @@ def cluster():
 def cfg(**kw) -> dict:
     base = {"model_kwargs": {"width": 8}, "max_steps": 24, "batch_size": 32, "lr": 0.05,
             "progress": False, "torch_threads": 1,
-            "comm": {"mode": "powersgd", "start_iter": 4, "powersgd_rank": 2}}
+            "comm": {"mode": "powersgd", "params": {"start_iter": 4, "rank": 2}}}
     return {**base, **kw}
 
 

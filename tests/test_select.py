@@ -87,8 +87,7 @@ def test_chunked_scoring_selects_the_same_samples():
     m = build_model("small_cnn", in_channels=1, num_classes=C, width=4).eval()
     x, y = torch.randn(50, 1, 28, 28), torch.randint(0, C, (50,))
     idx = torch.arange(100, 150)
-    picks = [build_selector(SelectionConfig(method="loss", n_select=7, score_mode="eval",
-                                            score_chunk=chunk))(m, x, y, idx)
+    picks = [build_selector(SelectionConfig(method="loss", n_select=7, params={"score_mode": "eval", "score_chunk": chunk}))(m, x, y, idx)
              for chunk in (None, 16, 64)]
     assert all(torch.equal(p.indices.sort().values, picks[0].indices.sort().values) for p in picks)
     assert all(abs(p.stats["sel_loss_mean"] - picks[0].stats["sel_loss_mean"]) < 1e-5 for p in picks)
@@ -109,7 +108,7 @@ def test_label_noise_scoring_caps_mislabelled_reducible_loss():
     noisy = candidate_losses(nn.Identity(), x, y, label_noise=0.2)
     assert plain[0] > 19 and noisy[0] <= -math.log(0.2 / C) + 1e-5
     assert torch.equal(plain.argsort(), noisy.argsort())
-    pick = {a: build_selector(SelectionConfig(method="rho_loss", n_select=1, label_noise=a),
+    pick = {a: build_selector(SelectionConfig(method="rho_loss", n_select=1, params={"label_noise": a}),
                               il)(nn.Identity(), x, y, idx).indices.tolist() for a in (0.0, 0.2)}
     assert pick == {0.0: [0], 0.2: [1]}
 
@@ -124,8 +123,7 @@ def test_uniform_is_fixed_count_and_seeded():
 
 def test_selective_backprop_fixed_count_and_prefers_high_loss():
     torch.manual_seed(0)
-    sel = build_selector(SelectionConfig(method="selective_backprop", n_select=16, beta=2.0,
-                                         history_size=512, seed=1), candidate_size=64)
+    sel = build_selector(SelectionConfig(method="selective_backprop", n_select=16, seed=1, params={"beta": 2.0, "history_size": 512}), candidate_size=64)
     counts = torch.zeros(64)
     for _ in range(40):
         a = torch.linspace(6, -2, 64)             # candidate j has rank j in loss
@@ -155,7 +153,7 @@ def test_importance_weights_are_unbiased():
 
 
 def test_importance_selector_weights_and_observe():
-    sel = build_selector(SelectionConfig(method="importance", smoothing=0.5), split_size=8)
+    sel = build_selector(SelectionConfig(method="importance", params={"smoothing": 0.5}), split_size=8)
     x, y = torch.zeros(4, C), torch.zeros(4, dtype=torch.long)
     out = sel(None, x, y, torch.tensor([0, 1, 2, 3]))
     assert torch.allclose(out.weights, torch.ones(4))   # nothing observed yet: uniform
@@ -171,8 +169,7 @@ def test_importance_redraw_from_uniform_candidates_is_unbiased():
     rng = np.random.default_rng(1)
     n, n_cand, n_b = 200, 32, 8
     losses = rng.gamma(1.0, 1.0, size=n)
-    sel = build_selector(SelectionConfig(method="importance", smoothing=0.2, n_select=n_b,
-                                         importance_draw="candidates"),
+    sel = build_selector(SelectionConfig(method="importance", n_select=n_b, params={"smoothing": 0.2, "importance_draw": "candidates"}),
                          candidate_size=n_cand, split_size=n)
     sel.observe(torch.arange(n), torch.as_tensor(losses))
     cand = torch.as_tensor(rng.choice(n, n_cand, replace=False))
@@ -192,8 +189,7 @@ def test_importance_redraw_from_uniform_candidates_is_unbiased():
 def _importance_rank(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    sel = build_selector(SelectionConfig(method="importance", smoothing=0.1, n_select=4,
-                                         importance_draw="candidates"),
+    sel = build_selector(SelectionConfig(method="importance", n_select=4, params={"smoothing": 0.1, "importance_draw": "candidates"}),
                          candidate_size=8, split_size=16)
     mine = torch.arange(8) + 8 * rank                  # each rank trained different samples
     b = sel(None, torch.zeros(8, C), torch.zeros(8, dtype=torch.long), mine)
@@ -315,13 +311,13 @@ def test_il_artifact_reused_when_keys_match_recomputed_when_not(tmp_path):
     arr = compute_irreducible_loss(IL_CFG, hx, hy, tx, ty, FP, tmp_path)
     assert np.array_equal(arr, first.values)
     # label_noise="auto" reads the rate off the IL model's holdout accuracy in the record
-    auto_cfg = SelectionConfig(method="rho_loss", n_select=2, label_noise="auto")
+    auto_cfg = SelectionConfig(method="rho_loss", n_select=2, params={"label_noise": "auto"})
     sel = build_selector(auto_cfg, first, split_size=48, dataset_fingerprint=FP)
-    assert sel.config.label_noise == pytest.approx(1 - first.extra["holdout_accuracy"], abs=1e-4)
+    assert sel.params.label_noise == pytest.approx(1 - first.extra["holdout_accuracy"], abs=1e-4)
     with pytest.raises(SelectionError, match="holdout accuracy"):
         build_selector(auto_cfg, first.values)
     with pytest.raises(ValueError, match="label_noise"):
-        SelectionConfig(label_noise=1.5)
+        SelectionConfig(method="rho_loss", params={"label_noise": 1.5})
     # a selector refuses the scores for another dataset or another split length
     with pytest.raises(SelectionError, match="belong to dataset"):
         build_selector(SelectionConfig(method="rho_loss"), first, dataset_fingerprint="c" * 64)
@@ -404,7 +400,7 @@ def test_infobatch_prunes_only_well_learnt_samples_with_unbiased_weights():
     """No pruning before any loss is known; then only below-mean samples are skipped, the same
     count every call, and (loss * w).mean() over the kept ones is unbiased for the whole batch."""
     n, n_cand = 100, 40
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, sync_every=1),
+    sel = build_selector(SelectionConfig(method="infobatch", params={"prune": 0.5, "sync_every": 1}),
                          candidate_size=n_cand, split_size=n)
     x, y = torch.zeros(n_cand, C), torch.zeros(n_cand, dtype=torch.long)
     cand = torch.arange(20, 60)
@@ -428,7 +424,7 @@ def test_infobatch_prunes_only_well_learnt_samples_with_unbiased_weights():
 
 
 def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.9, anneal=0.5, sync_every=1),
+    sel = build_selector(SelectionConfig(method="infobatch", params={"prune": 0.9, "anneal": 0.5, "sync_every": 1}),
                          candidate_size=8, split_size=16)
     sel.observe(torch.arange(8), torch.tensor([0.1] * 7 + [5.0]))
     x, y = torch.zeros(8, C), torch.zeros(8, dtype=torch.long)
@@ -449,7 +445,7 @@ def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
 def test_infobatch_gathers_observed_losses_every_sync_every_calls():
     """Observed losses wait until ``sync_every`` observe calls (one collective for all of them);
     a checkpoint's state keeps what is pending, so a resumed selector gathers it on time."""
-    sel = build_selector(SelectionConfig(method="infobatch", sync_every=3), candidate_size=4,
+    sel = build_selector(SelectionConfig(method="infobatch", params={"sync_every": 3}), candidate_size=4,
                          split_size=12)
     sel.observe(torch.arange(4), torch.full((4,), 1.0))
     sel.observe(torch.arange(4, 8), torch.full((4,), 2.0))
@@ -460,7 +456,7 @@ def test_infobatch_gathers_observed_losses_every_sync_every_calls():
     sel.observe(torch.tensor([10, 11]), torch.tensor([4.0, 5.0]))
     state = sel.state_dict()
     assert not state["seen"][10:].any() and state["pending_index"].tolist() == [10, 11]
-    again = build_selector(SelectionConfig(method="infobatch", sync_every=3), candidate_size=4,
+    again = build_selector(SelectionConfig(method="infobatch", params={"sync_every": 3}), candidate_size=4,
                            split_size=12)
     again.load_state_dict(state)
     for s in (sel, again):                                     # the third call gathers, resumed or not
@@ -474,7 +470,7 @@ def test_infobatch_gathers_observed_losses_every_sync_every_calls():
 def _infobatch_rank(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, sync_every=2),
+    sel = build_selector(SelectionConfig(method="infobatch", params={"prune": 0.5, "sync_every": 2}),
                          candidate_size=8, split_size=16)
     mine = torch.arange(8) + 8 * rank
     sel.observe(mine[:4], mine[:4].float() + 1.0)              # pending: gathered with the next

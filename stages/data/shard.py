@@ -65,6 +65,16 @@ class ShardSummary:
     shards_written: int = 0
     shards_reused: int = 0
 
+    def info(self) -> dict[str, Any]:
+        """What the training stage needs to know of this dataset version: plain data, so a
+        Prefect task can cache it and a torchrun job can carry it."""
+        m = self.manifest
+        return {"root": self.root, "fingerprint": m.fingerprint, "counts": m.counts(),
+                "quarantined": m.quarantined, "damaged_sources": len(m.damaged_sources),
+                "reused": self.reused, "seconds": self.seconds,
+                "num_classes": m.fields.label.num_classes,
+                "channels": (m.fields.image.shape or (0, 0, 3))[2]}
+
     def format(self) -> str:
         m = self.manifest
         lines = [f"dataset artifact {self.root}",

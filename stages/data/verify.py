@@ -193,3 +193,15 @@ def _check_beton_part(art: DatasetArtifact, split: str, rec, first: int, sums: n
 
 
 __all__ = ["VerifyReport", "Damaged", "verify_artifact", "verify_file"]
+
+
+def check_before_training(root: str | os.PathLike, on_corrupt: str) -> tuple[VerifyReport, dict[str, Any]]:
+    """The pipeline's check before any rank reads a sample: every sample's checksum (the cheap
+    form of ``sluice verify``). Damage fails here, naming it, unless the loader is set to skip
+    damaged samples (``on_corrupt: skip``); returns the report and its summary for the run report."""
+    r = verify_artifact(root)
+    if not r.ok and on_corrupt == "fail":
+        raise ArtifactError(r.format() + "\n(loader.on_corrupt: skip trains without the damaged samples)")
+    return r, {"ok": r.ok, "samples": r.samples, "seconds": r.seconds, "unchecked": r.unchecked,
+               "damaged": [{"file": d.file, "index": d.index, "key": d.key} for d in r.damaged[:100]],
+               "damaged_count": len(r.damaged)}

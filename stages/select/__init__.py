@@ -21,15 +21,15 @@ import torch
 from sluice.errors import ScoresError, SelectionError
 from sluice.stages.select import (importance, infobatch, selective_backprop, topk,  # noqa: F401
                                   uniform)  # each registers itself
-from sluice.stages.select.base import (SELECTION_METHODS, BaseSelector, SelectorContext, as_table,
-                                       candidate_losses, select_top)
+from sluice.stages.select.base import (SELECTION_METHODS, BaseSelector, MethodParams, ScoringParams,
+                                       SelectorContext, as_table, candidate_losses, select_top)
 from sluice.stages.select.config import ILModelConfig, SelectionConfig, candidate_size_for
 from sluice.stages.select.il_model import IL_KIND, compute_irreducible_loss, irreducible_loss_scores
 from sluice.stages.select.importance import ImportanceSampler
 from sluice.stages.select.label_noise import LabelNoise, inject_label_noise
 from sluice.storage.scores import Scores, check_scores
 
-__all__ = ["SELECTION_METHODS", "BaseSelector", "SelectorContext", "SelectionConfig",
+__all__ = ["SELECTION_METHODS", "BaseSelector", "MethodParams", "ScoringParams", "SelectorContext", "SelectionConfig",
            "ILModelConfig", "SelectionError", "build_selector", "candidate_size_for",
            "candidate_losses", "select_top", "compute_irreducible_loss", "irreducible_loss_scores",
            "IL_KIND", "ImportanceSampler", "LabelNoise", "inject_label_noise"]
@@ -53,13 +53,13 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
         return None
     method = SELECTION_METHODS.get(config.method)
     n_b = config.n_select_for(candidate_size) if candidate_size is not None else None
-    if config.label_noise == "auto":
+    if config.params.get("label_noise") == "auto":
         acc = il_scores.extra.get("holdout_accuracy") if isinstance(il_scores, Scores) else None
         if acc is None:
             raise SelectionError("label_noise='auto' reads the noise rate off the IL model's "
                                  "holdout accuracy: pass the IL Scores record (not a bare array) "
                                  "or give label_noise a number")
-        config = config.model_copy(update={"label_noise": round(max(0.0, 1.0 - acc), 4)})
+        config = config.model_copy(update={"params": {**config.params, "label_noise": round(max(0.0, 1.0 - acc), 4)}})
     if isinstance(il_scores, Scores):
         try:
             check_scores(il_scores, fingerprint=dataset_fingerprint, length=split_size)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.errors import SelectionError
+from sluice.plugins import entry_params
 from sluice.stages.models import MODELS
-from sluice.stages.select.base import SELECTION_METHODS
+from sluice.stages.select.base import SELECTION_METHODS, MethodParams
 
 
 class ILModelConfig(BaseModel):
@@ -48,6 +49,10 @@ class ILModelConfig(BaseModel):
         return MODELS.validate(v)
 
 
+def _params_model(method: str) -> type[MethodParams]:
+    return getattr(SELECTION_METHODS.get(method), "Params", MethodParams)
+
+
 class SelectionConfig(BaseModel):
     """The selection method and its knobs: the same shape from YAML, Prefect or Python."""
     model_config = ConfigDict(extra="forbid")
@@ -56,51 +61,32 @@ class SelectionConfig(BaseModel):
                         "rho_loss, selective_backprop, importance, infobatch, ...")
     ratio: float = Field(0.1, gt=0, le=1, description="n_b / n_B (paper default 10%)")
     n_select: int | None = Field(None, ge=1, description="fixed n_b; overrides ratio")
-    score_mode: Literal["train", "eval"] = Field(
-        "train", description="mode of the no-grad scoring pass (the paper scores in train mode)")
-    score_chunk: int | None = Field(
-        None, ge=1, description="score the candidates this many at a time: on CPU a no-grad pass "
-        "over 64 samples costs ~25% less per sample than one over 384 (cache-sized activations); "
-        "in train mode each chunk gets its own BatchNorm batch statistics. None = one pass")
-    label_noise: float | Literal["auto"] = Field(
-        0.0, description="score the candidates' loss under a uniform label-noise likelihood "
-        "(1-a) p + a/K, as the IL model trained on noisy labels implicitly does: a target trained "
-        "on filtered data otherwise grows more confident than the IL model and mislabelled "
-        "samples win rho_loss's top-k. Rank-preserving for loss/selective_backprop. 'auto': a = "
-        "1 - the IL model's accuracy on its holdout (from the IL scores record). 0 = plain CE")
-
     seed: int = 0
     il: ILModelConfig = Field(default_factory=ILModelConfig)
-    smoothing: float = Field(0.1, ge=0, le=1, description="importance: mix of uniform in p")
-    estimate_momentum: float = Field(0.0, ge=0, lt=1,
-                                     description="importance: EMA of loss estimates (0 = latest)")
-    importance_draw: Literal["sampler", "candidates"] = Field(
-        "sampler", description="importance: 'sampler' = batches are drawn from selector.sampler "
-        "(a plain loop), weights 1/(N p); 'candidates' = any loader's uniform candidate batch of "
-        "n_B, n_b of them redrawn in proportion to p, weights 1/(n_B q) (the training stage)")
-    beta: float = Field(1.0, gt=0, description="selective backprop: keep prob = percentile**beta")
-    history_size: int = Field(1024, ge=1, description="selective backprop: recent losses kept")
-    min_keep_prob: float = Field(0.0, ge=0, le=1, description="selective backprop: floor")
-    prune: float = Field(0.5, ge=0, lt=1, description="infobatch: probability of skipping a "
-                         "candidate whose last training loss is below the mean (InfoBatch's r)")
-    anneal: float = Field(0.875, ge=0, le=1, description="infobatch: fraction of training after "
-                          "which nothing is pruned (the last steps see every sample)")
-    sync_every: int = Field(16, ge=1, description="infobatch: steps between all-gathers of the "
-                            "observed losses (1 = every step; the table is at most this stale)")
-    options: dict[str, Any] = Field(default_factory=dict, description="knobs of a method "
-                                    "registered outside Sluice (read by its build)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the method's own knobs, checked "
+                                   "against the Params model it declares beside its code (e.g. infobatch: "
+                                   "prune, anneal, sync_every); unknown ones are refused")
 
     @field_validator("method")
     @classmethod
     def _registered(cls, v: str) -> str:
         return v if v == "none" else SELECTION_METHODS.validate(v)
 
-    @field_validator("label_noise")
-    @classmethod
-    def _rate(cls, v: float | str) -> float | str:
-        if v != "auto" and not 0 <= v < 1:
-            raise ValueError("label_noise must be 'auto' or a rate in [0, 1)")
-        return v
+    @model_validator(mode="after")
+    def _params_of_the_method(self) -> "SelectionConfig":
+        """Every knob the method takes, defaults filled in, so the resolved config shows them."""
+        if self.method == "none":
+            if self.params:
+                raise ValueError("selection.params: method 'none' takes no params")
+            return self
+        self.params = entry_params(SELECTION_METHODS.get(self.method), self.method, self.params, "selection method")
+        return self
+
+    @property
+    def method_params(self) -> MethodParams:
+        """The method's params as its typed model (``selection.params``)."""
+        return _params_model(self.method).model_validate(self.params) if self.method != "none" \
+            else MethodParams()
 
     @property
     def needs_il(self) -> bool:

@@ -4,12 +4,15 @@ selector attaches weights ``1 / (N p_i)`` so the weighted loss is unbiased — o
 training stage, redraws n_b of a uniform candidate batch with weights ``1 / (n_B q_i)``."""
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import torch
+from pydantic import Field
 
 from sluice.errors import SelectionError
 from sluice.stages.contracts import SelectedBatch
-from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, SelectorContext, check_indices
+from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, MethodParams, SelectorContext, check_indices
 from sluice.stages.select.collectives import all_gather_1d, rank
 
 
@@ -93,6 +96,15 @@ class ImportanceSampler:
         return _S()
 
 
+class ImportanceParams(MethodParams):
+    smoothing: float = Field(0.1, ge=0, le=1, description="mix of uniform in p")
+    estimate_momentum: float = Field(0.0, ge=0, lt=1, description="EMA of loss estimates (0 = latest)")
+    importance_draw: Literal["sampler", "candidates"] = Field(
+        "sampler", description="'sampler' = batches are drawn from selector.sampler (a plain loop), "
+        "weights 1/(N p); 'candidates' = any loader's uniform candidate batch of n_B, n_b of them "
+        "redrawn in proportion to p, weights 1/(n_B q) (the training stage)")
+
+
 @SELECTION_METHODS.register("importance")
 class ImportanceSelector(BaseSelector):
     """Importance-sampled batches with unbiased weights, in one of two ways (``importance_draw``):
@@ -105,6 +117,7 @@ class ImportanceSelector(BaseSelector):
       ``1/(n_B q_i)``: unbiased for the candidate mean, hence for the split's mean
       (Katharopoulos & Fleuret 2018's presampling). No scoring pass: p comes from estimates.
     """
+    Params = ImportanceParams
 
     def __init__(self, config, ctx: SelectorContext):
         super().__init__(config, ctx)
@@ -115,21 +128,21 @@ class ImportanceSelector(BaseSelector):
         if ctx.sampler is None:
             if ctx.split_size is None:
                 raise SelectionError("importance sampling needs split_size (or a sampler)")
-            ctx.sampler = ImportanceSampler(ctx.split_size, config.smoothing,
-                                            config.estimate_momentum,
+            params = config.method_params
+            ctx.sampler = ImportanceSampler(ctx.split_size, params.smoothing, params.estimate_momentum,
                                             config.seed + rank())  # ranks draw different indices
-        if config.importance_draw != "candidates":
+        if config.method_params.importance_draw != "candidates":
             ctx.n_select = None  # the batch drawn from the sampler passes through whole
         return cls(config, ctx)
 
     @classmethod
     def for_training_stage(cls, config):
-        return config.model_copy(update={"importance_draw": "candidates"})
+        return config.model_copy(update={"params": {**config.params, "importance_draw": "candidates"}})
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         idx = check_indices(indices.detach().cpu(), self.sampler.n).numpy()
         cand = indices
-        if self.config.importance_draw == "candidates":
+        if self.params.importance_draw == "candidates":
             p = self.sampler.probabilities()[idx]
             q = torch.as_tensor(p / p.sum(), dtype=torch.float64)
             pick = torch.multinomial(q, self._n(len(idx)), replacement=True, generator=self.generator)

@@ -11,11 +11,21 @@ from __future__ import annotations
 import math
 
 import torch
+from pydantic import Field
 
 from sluice.errors import SelectionError
 from sluice.stages.contracts import SelectedBatch
-from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, SelectorContext, check_indices
+from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, MethodParams, SelectorContext, check_indices
 from sluice.stages.select.collectives import all_gather_1d
+
+
+class InfoBatchParams(MethodParams):
+    prune: float = Field(0.5, ge=0, lt=1, description="probability of skipping a candidate whose last "
+                         "training loss is below the mean (InfoBatch's r)")
+    anneal: float = Field(0.875, ge=0, le=1, description="fraction of training after which nothing is "
+                          "pruned (the last steps see every sample)")
+    sync_every: int = Field(16, ge=1, description="steps between all-gathers of the observed losses "
+                            "(1 = every step; the table is at most this stale)")
 
 
 @SELECTION_METHODS.register("infobatch")
@@ -37,6 +47,7 @@ class InfoBatchSelector(BaseSelector):
     ``select/infobatch_carry.py``); a resumed run's own checkpoint replaces it.
     """
 
+    Params = InfoBatchParams
     picks_subset = False  # prunes from the candidate batch itself: no n_b, no ratio
     carries_table = True
 
@@ -87,10 +98,10 @@ class InfoBatchSelector(BaseSelector):
         if n_cand < 1:
             raise SelectionError("candidate batch is empty")
         idx = check_indices(indices.detach().cpu(), self.n)
-        pruning = self.progress < self.config.anneal and self.config.prune > 0
+        pruning = self.progress < self.params.anneal and self.params.prune > 0
         eligible = (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
         # at least one eligible sample stays, so its weight (1 / keep rate) is finite
-        n_drop = min(round(self.config.prune * self._below * n_cand),
+        n_drop = min(round(self.params.prune * self._below * n_cand),
                      max(0, eligible.numel() - 1)) if pruning else 0
         keep = torch.ones(n_cand, dtype=torch.bool)
         w = torch.ones(n_cand, dtype=torch.float32)
@@ -113,7 +124,7 @@ class InfoBatchSelector(BaseSelector):
             raise SelectionError("infobatch got NaN/inf losses to observe")
         self._pending.append((indices.detach().cpu().to(torch.int64), losses))
         self._pending_calls += 1
-        if self._pending_calls >= self.config.sync_every:
+        if self._pending_calls >= self.params.sync_every:
             self.flush()
 
     def flush(self) -> None:

@@ -4,15 +4,23 @@ trained per call (topped up with the most likely non-kept ones when the queue is
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from sluice.stages.contracts import SelectedBatch
-from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, candidate_losses, check_finite
+from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, ScoringParams, candidate_losses, check_finite
+
+
+class SelectiveBackpropParams(ScoringParams):
+    beta: float = Field(1.0, gt=0, description="keep probability = percentile**beta")
+    history_size: int = Field(1024, ge=1, description="recent losses the percentile is taken among")
+    min_keep_prob: float = Field(0.0, ge=0, le=1, description="floor of the keep probability")
 
 
 @SELECTION_METHODS.register("selective_backprop")
 class SelectiveBackpropSelector(BaseSelector):
     """Keep candidates with probability percentile(loss)**beta among recent losses; emit
     exactly n_b per call from a queue of kept samples (oldest first)."""
+    Params = SelectiveBackpropParams
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -29,15 +37,15 @@ class SelectiveBackpropSelector(BaseSelector):
     def keep_probability(self, loss: torch.Tensor) -> torch.Tensor:
         """Add ``loss`` to the history and return each value's percentile**beta (CPU)."""
         loss = loss.detach().float().cpu()
-        self.history = torch.cat([self.history, loss])[-self.config.history_size:]
+        self.history = torch.cat([self.history, loss])[-self.params.history_size:]
         ranked = torch.sort(self.history).values
         pct = torch.searchsorted(ranked, loss, right=True).float() / ranked.numel()
-        return pct.pow(self.config.beta).clamp(min=self.config.min_keep_prob)
+        return pct.pow(self.params.beta).clamp(min=self.params.min_keep_prob)
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         n = self._n(images.shape[0])
-        loss = candidate_losses(model, images, labels, self.config.score_mode,
-                                self.config.score_chunk, self.config.label_noise)
+        loss = candidate_losses(model, images, labels, self.params.score_mode,
+                                self.params.score_chunk, self.params.label_noise)
         check_finite(loss, "candidate training losses", indices)
         prob = self.keep_probability(loss)
         keep = torch.rand(prob.shape, generator=self.generator) < prob

@@ -6,21 +6,22 @@ from __future__ import annotations
 import torch
 
 from sluice.stages.contracts import SelectedBatch
-from sluice.stages.select.base import (SELECTION_METHODS, BaseSelector, candidate_losses,
+from sluice.stages.select.base import (SELECTION_METHODS, BaseSelector, ScoringParams, candidate_losses,
                                        check_finite, select_top)
 
 
 @SELECTION_METHODS.register("loss")
 class TopLossSelector(BaseSelector):
     """The n_b candidates with the highest ``score`` (here: the training loss)."""
+    Params = ScoringParams
 
     def score(self, loss: torch.Tensor, il: torch.Tensor | None) -> torch.Tensor:
         return loss
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         n = self._n(images.shape[0])
-        loss = candidate_losses(model, images, labels, self.config.score_mode,
-                                self.config.score_chunk, self.config.label_noise)
+        loss = candidate_losses(model, images, labels, self.params.score_mode,
+                                self.params.score_chunk, self.params.label_noise)
         check_finite(loss, "candidate training losses", indices)
         pos = select_top(self.score(loss, self._lookup(self._il, indices)), n)
         return SelectedBatch(images[pos], labels[pos], indices[pos], None,

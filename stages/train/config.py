@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sluice.plugins import entry_params
 from sluice.stages.compute import AmpMode
 from sluice.stages.models import MODELS
 from sluice.stages.train.comm import COMM_HOOKS
@@ -17,16 +18,13 @@ from sluice.storage.fingerprint import hash_obj
 
 
 class CommConfig(BaseModel):
-    """Gradient communication: a registered hook (``sluice.stages.train.comm``) and its knobs."""
+    """Gradient communication: a registered hook (``sluice.stages.train.comm``) and its own
+    params, checked against the ``Params`` model the hook declares beside its code."""
     model_config = ConfigDict(extra="forbid")
     mode: str = Field("none", description="a registered compression hook: none, fp16, bf16, powersgd, ...")
-    powersgd_rank: int = Field(2, ge=1)
-    start_iter: int = Field(10, ge=0)  # plain all-reduce before this many steps
-    error_feedback: bool = True
-    warm_start: bool = True
-    # what PowerSGD sends (P, Q and the small uncompressed tensors); fp16/bf16 halve the bytes
-    powersgd_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
-    bucket_cap_mb: float = Field(25.0, gt=0)
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP's gradient bucket size")
+    params: dict[str, Any] = Field(default_factory=dict, description="the hook's own knobs (e.g. powersgd: "
+                                   "rank, start_iter, error_feedback, warm_start, dtype); unknown ones are refused")
 
     @field_validator("mode")
     @classmethod
@@ -34,8 +32,9 @@ class CommConfig(BaseModel):
         return COMM_HOOKS.validate(v)
 
     @model_validator(mode="after")
-    def _hook_accepts(self) -> "CommConfig":
-        COMM_HOOKS.get(self.mode).check(self)
+    def _params_of_the_hook(self) -> "CommConfig":
+        """Every knob the hook takes, defaults filled in, so the resolved config shows them."""
+        self.params = entry_params(COMM_HOOKS.get(self.mode), self.mode, self.params, "compression hook")
         return self
 
 

@@ -39,13 +39,12 @@ class WarmStartConfig(BaseModel):
     """Where tonight's weights start, and what a warm run trains on."""
     model_config = ConfigDict(extra="forbid")
     init: Literal["scratch", "champion", "auto"] = Field(
-        "auto", description="scratch: random weights, every sample; champion: the champion's weights "
+        "scratch", description="scratch: random weights, every sample; champion: the champion's weights "
         "(refused, naming why, when it cannot be); auto: the champion when it can be, else scratch")
     replay: str = Field("uniform", description="a registered replay policy: uniform, champion_loss, reducible_loss")
-    # The warm sweep's choice (nightly_growth_warm_sweep.json, seed 0, commit d4a73e5): replaying every
-    # old sample for 2 epochs at half the recipe's peak stayed within 0.2 points of plain scratch on
-    # every night (-0.15 to +0.38) in ~0.3x its steps; every bounded replay tried (1, 3 or 5 old
-    # samples per new one, peaks 0.1-0.5) fell 0.29-1.05 points behind on some night.
+    # The pipeline's recipe (flows/recipes/default.yaml) turns warm starts on: init auto, every old
+    # sample replayed, 2 epochs at half the peak (nightly_growth_warm_sweep.json); every bounded
+    # replay tried fell 0.29-1.05 points behind plain scratch on some night.
     replay_ratio: float | None = Field(None, ge=0, description="old samples replayed per new sample "
                                        "(None: every old sample)")
     epochs: float = Field(2.0, gt=0, description="passes over new + replayed samples")

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from sluice.stages.contracts import SelectedBatch
-from sluice.stages.select.base import BaseSelector
+from sluice.stages.select.base import BaseSelector, MethodParams
 
 ENTRY_POINTS = {
     "sluice.selection_methods": {"fixed_count": "sluice_test_plugins:FixedCountSelector"},
@@ -15,13 +15,18 @@ ENTRY_POINTS = {
 }
 
 
+class FixedCountParams(MethodParams):
+    nan_after: int | None = None
+
+
 class FixedCountSelector(BaseSelector):
-    """Keeps the ``n_select`` highest-loss candidates; from call ``options["nan_after"] + 1`` on it
+    """Keeps the ``n_select`` highest-loss candidates; from call ``params.nan_after + 1`` on it
     poisons one weight with NaN (a diverging run, for the error path)."""
+    Params = FixedCountParams
 
     def __init__(self, config, ctx):
         super().__init__(config, ctx)
-        self.calls, self.nan_after = 0, config.options.get("nan_after")
+        self.calls, self.nan_after = 0, self.params.nan_after
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         self.calls += 1

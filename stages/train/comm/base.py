@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
 
 from sluice.plugins import PluginRegistry
 
@@ -44,6 +45,12 @@ def uncompressed_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+class HookParams(BaseModel):
+    """A hook's own knobs (``train.comm.params``), declared next to its code: each hook's
+    ``Params`` subclasses this. The base has none, so a hook without knobs refuses any."""
+    model_config = ConfigDict(extra="forbid")
+
+
 class CommHook:
     """One DDP model's communication: a bucket hook, its state, and a byte counter.
 
@@ -52,18 +59,16 @@ class CommHook:
     own all-reduce is fastest when nothing is compressed).
     """
     installs_hook = True
+    Params: type[HookParams] = HookParams  # this hook's knobs (train.comm.params)
 
     def __init__(self, config: "CommConfig", seed: int = 0, group: Any = None):
         self.config, self.seed, self.group = config, seed, group
+        self.params = self.Params.model_validate(config.params)
         self.iter = 0  # optimizer steps (synchronising backwards) seen
         self.bytes_sent = 0  # all-reduced payload bytes since the last ``take_bytes``
         self.busy_s = 0.0  # seconds the communication thread worked since ``take_busy_s``
         self._pkeys: dict[int, int] = {}
         self._work: queue.SimpleQueue | None = None
-
-    @classmethod
-    def check(cls, config: "CommConfig") -> None:
-        """Refuse a config this hook cannot run (raise ValueError); called at validation."""
 
     # ---- public API -------------------------------------------------------------------
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:

@@ -8,34 +8,46 @@ until ``start_iter`` (DDP settles its bucket layout after the first iteration).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import Field, model_validator
 
-from sluice.stages.train.comm.base import COMM_HOOKS, CommHook
+from sluice.stages.train.comm.base import COMM_HOOKS, CommHook, HookParams
 
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+class PowerSGDParams(HookParams):
+    rank: int = Field(2, ge=1, description="the rank r of the factors P and Q")
+    start_iter: int = Field(10, ge=0, description="plain all-reduce before this many steps")
+    error_feedback: bool = True
+    warm_start: bool = Field(True, description="reuse Q across steps")
+    dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="what P, Q and the small uncompressed tensors travel as; fp16/bf16 halve the bytes")
+
+    @model_validator(mode="after")
+    def _starts_late_enough(self) -> "PowerSGDParams":
+        if (self.error_feedback or self.warm_start) and self.start_iter <= 1:
+            raise ValueError("start_iter must be > 1 for powersgd with error feedback or warm start "
+                             "(DDP rebuilds its buckets after the first iteration)")
+        return self
+
+
 @COMM_HOOKS.register("powersgd")
 class PowerSGDHook(CommHook):
-    """Config: ``powersgd_rank``, ``start_iter``, ``error_feedback``, ``warm_start`` and
-    ``powersgd_dtype`` (what P, Q and the small tensors travel as)."""
+    """Params (``train.comm.params``): ``rank``, ``start_iter``, ``error_feedback``,
+    ``warm_start`` and ``dtype`` (``PowerSGDParams``)."""
+    Params = PowerSGDParams
     min_compression_rate = 2.0
 
     def __init__(self, config, seed: int = 0, group: Any = None):
         super().__init__(config, seed, group)
-        self.rank = config.powersgd_rank
-        self.wire_dtype = WIRE_DTYPES[config.powersgd_dtype]
+        self.rank = self.params.rank
+        self.wire_dtype = WIRE_DTYPES[self.params.dtype]
         self.errors: dict[int, torch.Tensor] = {}  # per parameter (index in the model)
         self.qs: dict[int, torch.Tensor] = {}
-
-    @classmethod
-    def check(cls, config) -> None:
-        if (config.error_feedback or config.warm_start) and config.start_iter <= 1:
-            raise ValueError("comm.start_iter must be > 1 for powersgd with error feedback or "
-                             "warm start (DDP rebuilds its buckets after the first iteration)")
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(),
@@ -57,7 +69,7 @@ class PowerSGDHook(CommHook):
 
     # ---- the hook ---------------------------------------------------------------------
     def reduce(self, bucket: dist.GradBucket) -> None:
-        if self.iter < self.config.start_iter:
+        if self.iter < self.params.start_iter:
             self.allreduce(bucket.buffer()).div_(self.world())
         else:
             self._compress(bucket)
@@ -97,7 +109,7 @@ class PowerSGDHook(CommHook):
                 o += v.numel()
         if not mats:
             return
-        if self.config.error_feedback:
+        if self.params.error_feedback:
             for k, v in mats:
                 err = self.errors.get(k)
                 if err is not None and err.shape == v.shape:
@@ -115,9 +127,9 @@ class PowerSGDHook(CommHook):
         qs = _split(flat_q.div_(world), [q.shape for q in qs])
         for (k, v), p, q in zip(mats, ps, qs):
             v.copy_((p @ q.t()).view_as(v))
-            if self.config.warm_start:
+            if self.params.warm_start:
                 self.qs[k] = q.clone()
-        if self.config.error_feedback:
+        if self.params.error_feedback:
             # what this rank wanted to send minus what the group applied
             for (k, v), w in zip(mats, wanted):
                 self.errors[k] = w.sub_(v)
@@ -125,7 +137,7 @@ class PowerSGDHook(CommHook):
     def _q_for(self, key: int, m: torch.Tensor) -> torch.Tensor:
         shape = (m.shape[1], min(self.rank, *m.shape))
         old = self.qs.get(key)
-        if self.config.warm_start and old is not None and tuple(old.shape) == shape:
+        if self.params.warm_start and old is not None and tuple(old.shape) == shape:
             return old
         # the same seed on every rank, so all ranks start from the same Q
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + key * 7919 + self.iter)

@@ -1,0 +1,72 @@
+"""The training stage as the pipeline runs it: choose where tonight's weights start, launch
+torchrun here or across ``launch.nodes``, and log progress from rank 0's metrics while it runs.
+The flow's task is one call to ``run_training``; a retry of that task resumes from the run's
+last checkpoint (the run directory is the same)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from sluice.stages.train.job import TrainJob
+from sluice.stages.train.launch import launch
+from sluice.stages.train.nodes import LaunchConfig, launch_nodes
+from sluice.stages.train.warm import WarmStartConfig, starting_point
+
+Log = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def watch_progress(metrics: Path, log: Log, every_s: float = 15.0) -> Iterator[None]:
+    """Log the training progress from rank 0's metrics file while torchrun runs."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        seen = 0
+        while not stop.wait(every_s):
+            if not metrics.exists():
+                continue
+            lines = metrics.read_text().splitlines()
+            steps = [json.loads(x) for x in lines[seen:] if x.startswith('{"step"')]
+            evals = [json.loads(x)["eval"] for x in lines[seen:] if x.startswith('{"eval"')]
+            seen = len(lines)
+            if steps:
+                m = steps[-1]
+                log(f"training: step {m['step']} epoch {m['epoch']} loss {m['loss']:.4f} "
+                    f"{m['samples_per_s']:.0f} samples/s, data wait {100 * m['data_wait_frac']:.0f}%"
+                    + (f", eval acc {evals[-1]['acc']:.4f}" if evals else ""))
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+
+
+def run_training(job: TrainJob, warm: WarmStartConfig, registry_dir: str | os.PathLike, il_path: str | None,
+                 run_dir: str | os.PathLike, launch_config: LaunchConfig, nproc: int, timeout_s: float,
+                 log: Log) -> dict[str, Any]:
+    """Train ``job`` (warm from the champion where ``warm`` allows) on ``nproc`` ranks here or on
+    each of ``launch_config.nodes``; what the promotion step and the report read back."""
+    t0 = time.perf_counter()
+    job, start = starting_point(warm, registry_dir, job, il_path, run_dir)
+    log(f"weights: {start['init']} ({start['why']})")
+    if start.get("selector_why"):
+        log(f"selection: {start['selector_why']}")
+    on_line = lambda line: log(line.rstrip()) if line.strip() else None  # noqa: E731
+    metrics = Path(run_dir) / "metrics.jsonl"
+    with watch_progress(metrics, log):
+        if launch_config.nodes:
+            result = launch_nodes(job, launch_config, nproc=nproc, out_dir=run_dir, timeout_s=timeout_s,
+                                  on_line=on_line)
+        else:
+            result = launch(job, nproc=nproc, out_dir=run_dir, timeout_s=timeout_s,
+                            max_restarts=launch_config.max_restarts, on_line=on_line)
+    return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
+            "wall_s": time.perf_counter() - t0, "summary": result.summary, "evals": result.evals,
+            "metrics_path": str(metrics), "warm": start}
