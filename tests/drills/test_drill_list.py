@@ -1,5 +1,5 @@
 """The drill list is the truth: every drill in ``corpus.DRILLS`` is exercised by a test marked
-``@pytest.mark.drill(<id>)``, no test names an unknown drill, and the README's reliability
+``@pytest.mark.drill(<id>)``, no test names an unknown drill, and docs/reliability.md's
 section lists every drill with its count."""
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ def test_every_drill_is_run_and_documented():
     marked = marked_drills()
     assert set(marked) - set(DRILLS) == set(), "tests name drills that corpus.DRILLS does not list"
     assert set(DRILLS) - set(marked) == set(), "drills without a test"
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Reliability", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "reliability.md").read_text()
     listed = set(re.findall(r"`([a-z0-9-]+)`", section))
-    assert set(DRILLS) <= listed, f"the README's reliability section does not list {sorted(set(DRILLS) - listed)}"
+    assert set(DRILLS) <= listed, f"docs/reliability.md does not list {sorted(set(DRILLS) - listed)}"
     assert f"{len(DRILLS)} drills" in section
