@@ -44,9 +44,12 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_sum" ]; then
   exit 0
 fi
 
-if ! "$PY" -c "import torch" 2>/dev/null; then
-  log "installing $TORCH_SPEC (first, so no other package pulls a CUDA build)"
-  pipq install -q $TORCH_SPEC
+# torch first, so no other package pulls a CUDA build; again when TORCH_SPEC names another version
+want_torch="${TORCH_SPEC#*==}"
+have_torch="$("$PY" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)"
+if [ "$have_torch" != "${want_torch%%+*}" ]; then
+  log "installing $TORCH_SPEC${have_torch:+ (replacing $have_torch)}"
+  pipq install -q "$TORCH_SPEC"
 fi
 log "installing sluice and its dependencies (ffcv compiles once; a few minutes)"
 pipq install -q numpy 'cython<3.2' pkgconfig
