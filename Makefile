@@ -19,7 +19,7 @@ bench: setup
 	@$(PY) -m pip install -q -e '.[bench]'
 	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout shard_order nightly_growth nightly_warm_sweep; do $(PY) -m benchmarks.$$b --quick || exit 1; done
 
-# GPU check (README "GPU check"): build the wheelhouse where PyPI is reachable, carry it to the GPU
+# GPU check (docs/benchmarks.md, "The GPU check"): build the wheelhouse where PyPI is reachable, carry it to the GPU
 # machine, run `make gpu-check` there (GPU_CHECK_DRY_RUN=1: the CPU dry run, anywhere).
 WHEEL_PY ?= 3.12
 wheelhouse:

@@ -272,7 +272,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--nb", type=int, default=64, help="trained batch n_b (all methods)")
     p.add_argument("--nB", type=int, default=320,
                    help="candidates n_B for loss / rho_loss (n_b/n_B = 20%%: the paper's 10%% takes "
-                        "fewer steps but each costs more; see README)")
+                        "fewer steps but each costs more; see docs/selection.md)")
     p.add_argument("--uniform-extend", dest="uniform_extend", type=int, default=2,
                    help="uniform runs on to this multiple of --steps to find when it reaches the "
                         "targets (its final_acc is still taken at --steps)")

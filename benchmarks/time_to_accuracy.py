@@ -31,7 +31,7 @@ under another name:
         --name time_to_accuracy_ablation
 
 A candidate for the default is measured beside the default and the baseline (each with its own
-sweep) into ``--name time_to_accuracy_candidates``; the README shows that file as its own table.
+sweep) into ``--name time_to_accuracy_candidates``; docs/results.md shows that file as its own table.
 """
 from __future__ import annotations
 

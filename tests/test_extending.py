@@ -1,4 +1,4 @@
-"""Extending Sluice from outside the package, as the README's "Extending Sluice" shows: each axis
+"""Extending Sluice from outside the package, as docs/extending.md shows: each axis
 takes a new entry by registration (one decorator) or an installed entry point, and a name no
 registry knows fails when the config is validated, before anything runs."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """benchmarks.nightly_growth's bookkeeping (#28): the night schedule, merging runs of the same
-settings, the per-night summary and goals, and the README block. No training: the runs here are
+settings, the per-night summary and goals, and the docs/results.md block. No training: the runs here are
 made up."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's selection block: RHO-LOSS's irreducible-loss cost shows per run and amortised
+"""The selection block of docs/results.md: RHO-LOSS's irreducible-loss cost shows per run and amortised
 over the runs that reuse its scores, min-max beside each median, and the goal as the file says."""
 from __future__ import annotations
 

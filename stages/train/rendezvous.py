@@ -11,7 +11,7 @@ arguments>``). The launcher also sets ``GLOO_SOCKET_IFNAME=lo`` / ``NCCL_SOCKET_
 the collectives' own sockets stay on loopback too.
 
 Several machines still use torchrun's own ``c10d`` backend (see ``launch``); what each node
-opens is listed in the README's security section.
+opens is listed in docs/security.md.
 """
 from __future__ import annotations
 
