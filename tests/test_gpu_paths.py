@@ -256,7 +256,7 @@ def test_ddp_world_one_every_hook_resumes(tmp_path, device, mode):
 
 @gpu
 def test_amp_auto_resolves_as_documented():
-    """README "Host classes": cuda → bf16, or fp16 with a GradScaler on GPUs without bf16; an
+    """docs/training.md "Host classes": cuda → bf16, or fp16 with a GradScaler on GPUs without bf16; an
     explicit setting wins; the run reports what it resolved."""
     from sluice.stages.compute import resolve_amp
     from sluice.stages.host import HOST_DEFAULTS, host_class
