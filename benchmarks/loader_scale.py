@@ -96,7 +96,7 @@ CHILD = """
 import json, sys, time
 from sluice.stages.load import AugmentSpec, Loader, SamplerConfig
 from sluice.stages.load.augment import Normalize, Flip, RandomResizedCrop
-from sluice.stages.load.loader import resolve_backend
+from sluice.stages.load.choice import resolve_backend
 root, backend, sampler, seed, most, warmup = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
 out = {}
 if backend != "memory":

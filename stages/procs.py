@@ -1,72 +1,18 @@
-"""Process helpers shared by the stages that start other processes (shard pools, the .beton writer,
-DataLoader workers, torchrun): fork safely, never outlive the process that started you, and
-never wait forever on a worker that died."""
+"""The forked worker pool of the stages that fan work out (shard pools, the scan's checks):
+``map_forked``. How and where processes may fork, and why, is ``sluice.procs`` (one module for
+every such rule, below ``storage`` too); its names are re-exported here for the stages that
+import them from this module."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
-import signal
-import sys
-from typing import Callable, Iterator
+from typing import Iterator
 
+from sluice.procs import (child_start, default_sigterm, describe_exit, die_with_parent,
+                          die_with_parent_preexec, fork_safe, forget_parent_threads)
 
-@contextlib.contextmanager
-def fork_safe() -> Iterator[None]:
-    """Collect garbage, then freeze the heap around a fork: a child must never run finalizers of
-    its parent's garbage (a leftover DALI pipeline's ``__del__`` blocks forever in a child)."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``).
-
-    Called first thing in a child (a forked worker, or torchrun through ``preexec_fn``): after a
-    ``kill -9`` of the parent, nothing it started goes on writing files or training as an orphan.
-    If the parent died before the call took effect, the signal is sent at once. Linux only; a
-    no-op elsewhere. Linux sends the signal when the parent *thread* that forked exits, so fork
-    from a thread that lives as long as the child (the main thread, or the thread that waits).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(sig))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), sig)
-
-
-def die_with_parent_preexec() -> Callable[[], None] | None:
-    """A ``subprocess.Popen(preexec_fn=...)`` that ties the child to this process (see
-    ``die_with_parent``); None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    parent = os.getpid()
-    return lambda: die_with_parent(parent)
-
-
-def forget_parent_threads() -> None:
-    """First thing in a forked child: drop the thread-exit callbacks inherited from the parent.
-
-    Libraries register them for their own background threads (Prefect's log and event workers),
-    which do not exist in a fork; run at the child's exit they fail (Prefect's raise an
-    AssertionError in ``threading._shutdown``) and turn the child's clean exit into exit code 1.
-    """
-    import threading
-    with contextlib.suppress(AttributeError):  # CPython's list of them (3.9+)
-        threading._threading_atexits.clear()  # type: ignore[attr-defined]
-
-
-def default_sigterm() -> None:
-    """Pool initializer: a forked worker dies quietly on SIGTERM (``Pool.terminate``) instead of
-    running a handler it inherited from its parent (Prefect's prints a TerminationSignal
-    traceback into the flow log)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+__all__ = ["WorkerDied", "map_forked", "child_start", "default_sigterm", "describe_exit",
+           "die_with_parent", "die_with_parent_preexec", "fork_safe", "forget_parent_threads"]
 
 
 class WorkerDied(RuntimeError):
@@ -86,9 +32,7 @@ def _serve(parent_pid: int, fn, context, conn) -> None:
     until it brings None; answer ``(index, ok, result or (exception, traceback))``."""
     import pickle
     import traceback
-    forget_parent_threads()
-    default_sigterm()
-    die_with_parent(parent_pid)
+    child_start(parent_pid)
     while (msg := conn.recv()) is not None:
         index, task = msg
         try:
@@ -111,7 +55,7 @@ def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
     Each worker has a pipe of its own, so a worker killed mid-answer leaves a pipe that reads as
     closed, never a half-message in a shared queue that blocks its reader forever (CPython's
     ProcessPoolExecutor can hang that way). A worker that dies raises ``WorkerDied``; workers die
-    with this process (``die_with_parent``); on any exception (Ctrl-C included) or an abandoned
+    with this process (``sluice.procs``, rule 3); on any exception (Ctrl-C included) or an abandoned
     generator the workers are killed before it propagates.
     """
     import multiprocessing as mp
@@ -191,13 +135,3 @@ def _death(proc, timeout: float = 5.0) -> str:
     proc.join(timeout)
     code = proc.exitcode
     return describe_exit(code) if code is not None else "no exit code"
-
-
-def describe_exit(code: int) -> str:
-    """How a child process ended, from its exit code (negative: the signal that killed it)."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

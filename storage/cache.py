@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sluice.errors import ArtifactError
+from sluice.procs import parent_only_fd
 from sluice.storage.manifest import FileRecord
 from sluice.storage.paths import filesystem, version_file
 
@@ -167,20 +168,14 @@ class ArtifactCache:
 
     @contextlib.contextmanager
     def _lock(self, name: str) -> Iterator[None]:
+        """Hold the cache-wide lock ``name`` (an flock on ``.locks/name``). Its descriptor is
+        this process's only: a DataLoader worker forked while the prefetch thread holds it must
+        not keep it held (``sluice.procs``, rule 5)."""
         d = self.dir / ".locks"
         d.mkdir(parents=True, exist_ok=True)
-        with _HELD_GUARD:  # no fork between opening the lock file and recording it
-            fd = os.open(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            _HELD.add(fd)
-        try:
+        with parent_only_fd(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) as fd:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
-        finally:
-            with _HELD_GUARD:
-                if fd in _HELD:  # (not when a fork from inside this block closed the child's copy)
-                    _HELD.discard(fd)
-                    os.close(fd)  # closing the last copy releases the lock
-
 
     # ------------------------------------------------------------------ ahead of need
     def prefetch(self, plan: list[FileRecord]) -> None:
@@ -223,24 +218,3 @@ class ArtifactCache:
                 with self._cond:
                     self._error = e
             done.add((rec.version, rec.path))
-
-
-# Lock files open in this process. An flock belongs to the open file, which a fork shares: a
-# DataLoader worker forked while the prefetch thread holds a lock would keep it held after the
-# parent lets go, and then wait on it forever itself. Children close their inherited copies;
-# _HELD_GUARD keeps a fork from falling between an open (or close) and its record in _HELD,
-# where the child would inherit a lock file it does not know of (a hang seen on a clean clone).
-_HELD: set[int] = set()
-_HELD_GUARD = threading.Lock()
-
-
-def _close_inherited_locks() -> None:
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-    _HELD_GUARD.release()  # taken by the forking thread before the fork
-
-
-os.register_at_fork(before=_HELD_GUARD.acquire, after_in_parent=_HELD_GUARD.release,
-                    after_in_child=_close_inherited_locks)

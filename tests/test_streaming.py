@@ -11,7 +11,8 @@ from sluice.errors import LoaderError
 from sluice.stages.load import Loader, LoaderConfig, SamplerConfig
 from sluice.stages.load.backends import LOADER_BACKENDS
 from sluice.stages.load.budget import cgroup_limit, memory_budget
-from sluice.stages.load.loader import bottleneck, resolve_backend
+from sluice.stages.load.choice import resolve_backend
+from sluice.stages.load.profile import bottleneck
 from sluice.stages.load.samplers import ShardBlockSampler, build_sampler
 from sluice.storage.artifact import open_artifact
 

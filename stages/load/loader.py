@@ -11,28 +11,36 @@ prefetching and exact mid-epoch resume.
 
 Importing this module imports neither FFCV nor DALI; a backend is imported when asked for, and a
 missing one raises ``MissingDependency`` naming the pip package.
+
+The loader is a pipeline of parts, one module each: order (``order``: sampler and cursor) →
+read → decode (the backend, ``backends/``; ``remote`` fetches a remote artifact's shards ahead)
+→ augment (``on_device``) → prefetch (``prefetch``); ``profile`` beside it says where the time
+went. Where processes may fork is ``sluice.procs``.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
-import threading
 import time
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from sluice.errors import ArtifactError, LoaderError
+from sluice.errors import ArtifactError
 from sluice.stages.contracts import Batch, Sampler
-from sluice.stages.load.augment import TorchAugment, batch_seed
+from sluice.stages.load.augment import TorchAugment
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
 from sluice.stages.load.choice import resolve_backend
 from sluice.stages.load.config import LoaderConfig
-from sluice.stages.load.epochs import EpochCursor
-from sluice.stages.load.samplers import LiveSampler, build_sampler
+from sluice.stages.load.on_device import OnStream, check_resolution, device_batches
+from sluice.stages.load.order import EpochOrder, check_state
+from sluice.stages.load.prefetch import prefetched
+from sluice.stages.load.profile import STAGE_KINDS, bottleneck, gather_profile, profile_report
+from sluice.stages.load.remote import prefetch_shards
 from sluice.storage.artifact import DatasetArtifact, open_artifact
+
+# Importable from here as before: the backend choice and the profile's verdict.
+__all__ = ["Loader", "resolve_backend", "bottleneck", "STAGE_KINDS"]
 
 
 class Loader:
@@ -62,24 +70,15 @@ class Loader:
             raise ArtifactError(f"split {cfg.split!r} of {self.artifact.root} is empty")
         if cfg.verify != "none":
             self.artifact.verify([cfg.split], deep=cfg.verify == "full")
-        self._check_resolution()
+        check_resolution(cfg, self.artifact)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(cfg.device)
         self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
-        self._scores, self._custom = scores, custom_sampler is not None
-        self._shard_sizes = [sh.count for sh in m.splits[cfg.split].shards]
         # A version that removed samples keeps their indices: no order may hold them.
-        self._live = self.artifact.live(cfg.split) if m.splits[cfg.split].removed else None
-        if custom_sampler is not None and self._live is not None:
-            custom_sampler = LiveSampler(custom_sampler, self._live, self.n)
-        self.sampler = custom_sampler or build_sampler(cfg.sampler, self.n, cfg.batch_size * world_size, scores,
-                                                       self._shard_sizes, self._live)
-        if len(self.sampler) == 0:
-            raise LoaderError("the sampler yields no samples")
-        # the epoch position, global so a resume at another world size continues the epoch
-        self.cursor = EpochCursor(self._order_for, len(self.sampler), rank=rank, world=world_size,
-                                  batch=cfg.batch_size, drop_last=cfg.drop_last,
-                                  mode=cfg.sampler.partition)
+        live = self.artifact.live(cfg.split) if m.splits[cfg.split].removed else None
+        self.order = EpochOrder(cfg, self.n, [sh.count for sh in m.splits[cfg.split].shards], live,
+                                rank=rank, world_size=world_size, scores=scores, custom_sampler=custom_sampler)
+        self.sampler, self.cursor = self.order.sampler, self.order.cursor
         self.backend_name, self.backend_reason = resolve_backend(self.artifact, cfg)
         self._backend: Backend | None = None
         # On CPU batches a leading RRC(+flip) runs in OpenCV over `workers` threads (same draws as
@@ -109,30 +108,10 @@ class Loader:
                 "batch_size": self.config.batch_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("fingerprint") != self.artifact.fingerprint:
-            raise LoaderError("loader state belongs to another dataset version "
-                             f"({str(state.get('fingerprint'))[:16]} vs {self.artifact.fingerprint[:16]})")
-        if state.get("split") != self.config.split:
-            raise LoaderError(f"loader state has split={state.get('split')!r}, this loader {self.config.split!r}")
-        epoch, nxt, world, batch = (state.get(k) for k in ("epoch", "next_batch", "world_size", "batch_size"))
-        if not _is_int(epoch) or epoch < 0:
-            raise LoaderError(f"loader state has epoch={epoch!r}; it must be an integer >= 0")
-        if not _is_int(world) or world < 1 or not _is_int(batch) or batch < 1:
-            raise LoaderError(f"loader state has world_size={world!r}, batch_size={batch!r}; both must be integers >= 1")
-        if not _is_int(nxt) or nxt < 0 or (world == self.world_size and batch == self.config.batch_size
-                                            and nxt > len(self)):
-            raise LoaderError(f"loader state has next_batch={nxt!r}; it must be an integer from 0 to "
-                              f"the batches in an epoch ({len(self)} at this world size and batch)")
-        self.cursor.load_state_dict(state, world=int(world), batch=int(batch))
-
-    def _order_for(self, epoch: int, global_batch: int) -> np.ndarray:
-        """The sampler's global order of ``epoch`` as ordered for ``global_batch`` (only a
-        curriculum's pacing depends on it: an epoch begun at another world size keeps its order)."""
-        if global_batch == self.config.batch_size * self.world_size or self._custom \
-                or self.config.sampler.kind != "curriculum":
-            return self.sampler.epoch_order(epoch)
-        return build_sampler(self.config.sampler, self.n, global_batch, self._scores,
-                             self._shard_sizes, self._live).epoch_order(epoch)
+        world, batch = check_state(state, fingerprint=self.artifact.fingerprint, split=self.config.split,
+                                   world_size=self.world_size, batch_size=self.config.batch_size,
+                                   batches=len(self))
+        self.cursor.load_state_dict(state, world=world, batch=batch)
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's index order for an epoch (what the batches will carry, in order)."""
@@ -142,239 +121,59 @@ class Loader:
         r = self.config.resolution
         return r.at(self.epoch if epoch is None else epoch) if r else None
 
-    def __iter__(self) -> Iterator[Batch]:
-        epoch, start = self.epoch, self.cursor.next_batch
-        if start >= len(self):  # the epoch was finished: the next iteration is the next epoch
-            self.cursor.set_epoch(epoch + 1)
-            epoch, start = self.epoch, 0
-        order, drop_last = self.cursor.rank_order(epoch)
-        self.backend()  # built here, in the caller's thread: backends fork workers, never from a thread
-        advance = self._prefetch_shards(order, start)
-        t0 = self._iter_t0 = time.perf_counter()
-        produced = self._produce(order, epoch, start, drop_last)
-        try:
-            for b, batch in enumerate(produced, start):
-                if isinstance(batch, _OnStream):
-                    batch = batch.hand_over(self.device)
-                self.cursor.advance()
-                self.samples_seen += len(batch.labels)
-                advance(b)
-                yield batch
-        finally:
-            close = getattr(produced, "close", None)
-            if close:
-                close()
-            self.wall_s += time.perf_counter() - t0
-            self._iter_t0 = None
-
-    # ------------------------------------------------------------------ internals
-    def _check_resolution(self) -> None:
-        cfg, shape = self.config, self.artifact.manifest.fields.image.shape
-        wanted = [cfg.resolution.end] if cfg.resolution else []
-        if cfg.augment:
-            wanted += [op.size for op in cfg.augment.ops if getattr(op, "size", None) and op.op == "random_resized_crop"]
-        if shape is not None:
-            for w in wanted:
-                if w > max(shape[0], shape[1]):
-                    raise LoaderError(f"requested resolution {w} is above the stored {shape[0]}×{shape[1]}; "
-                                      "re-shard at a higher resolution")
-
-    def _prefetch_shards(self, order: np.ndarray, start: int):
-        """For an artifact on object storage, fetch the shards this epoch needs into the cache
-        ahead of need, in the order it needs them; returns ``advance(batch)``."""
-        cache = self.artifact.cache
-        if cache is None or not self.backend().reads_shards:
-            return lambda b: None
-        shards = self.artifact.manifest.split(self.config.split).shards
-        firsts = np.array([sh.first_index for sh in shards])
-        bs = self.config.batch_size
-        of = np.searchsorted(firsts, order[start * bs:], side="right") - 1
-        plan, first_at = np.unique(of, return_index=True)
-        by_need = np.argsort(first_at, kind="stable")
-        need_batch = first_at[by_need] // bs + start  # the batch that first needs plan[k]
-        cache.prefetch([shards[int(s)].tar for s in plan[by_need]])
-        return lambda b: cache.advance(int(np.searchsorted(need_batch, b, side="right")) - 1)
-
     def backend(self) -> Backend:
-        """The backend, opened on first use (in the caller's thread: backends fork workers)."""
+        """The backend, opened on first use in the caller's thread (it may fork workers, never
+        from a helper thread: ``sluice.procs``, rule 2)."""
         if self._backend is None:
             cls = LOADER_BACKENDS.get(self.backend_name)
             self._backend = cls.open(self.artifact, self.config.split, self.config, self.device,
                                      self.workers)
         return self._backend
 
-    def _batches(self, order: np.ndarray, epoch: int, start: int, drop_last: bool) -> Iterator[Batch]:
-        be = self.backend()
-        cfg = self.config
+    # ------------------------------------------------------------------ the pipeline
+    def __iter__(self) -> Iterator[Batch]:
+        """order → read → decode (the backend) → augment → prefetch, from the cursor's position."""
+        epoch, start = self.epoch, self.cursor.next_batch
+        if start >= len(self):  # the epoch was finished: the next iteration is the next epoch
+            self.cursor.set_epoch(epoch + 1)
+            epoch, start = self.epoch, 0
+        order, drop_last = self.cursor.rank_order(epoch)
+        cfg, be = self.config, self.backend()
+        advance = prefetch_shards(self.artifact, cfg.split, be, order, start, cfg.batch_size)
+        t0 = self._iter_t0 = time.perf_counter()
         res = self.resolution(epoch)
-        if be.augments:  # DALI: augmentation and transfer happen inside, with the same draws
-            yield from (Batch(*b) for b in be.epoch(order, cfg.batch_size, drop_last, start,
-                                                   resolution=res, epoch=epoch))
-            return
-        pin = self.device.type == "cuda"
-        # CUDA: copy and augment on a side stream, overlapping the caller's compute (_OnStream)
-        stream = torch.cuda.Stream(self.device) if pin else None
-        b = start
-        for imgs, labels, idx in be.epoch(order, cfg.batch_size, drop_last, start):
-            with torch.cuda.stream(stream) if pin else contextlib.nullcontext():
-                t = time.perf_counter()
-                x = torch.as_tensor(imgs)
-                y = torch.as_tensor(labels, dtype=torch.int64)
-                i = torch.as_tensor(idx, dtype=torch.int64)
-                if pin:
-                    x = x.pin_memory().to(self.device, non_blocking=True)
-                    y = y.pin_memory().to(self.device, non_blocking=True)
-                    i = i.pin_memory().to(self.device, non_blocking=True)
-                t1 = time.perf_counter()
-                self.timings.add("transfer", t1 - t)
-                # Seeded per (epoch, batch), as on every backend: a resumed run augments its
-                # batches exactly as before.
-                self.augment.reseed(batch_seed(cfg.seed, epoch, b))
-                x = self.augment(x, res)
-                self.timings.add("augment", time.perf_counter() - t1)
-            b += 1
-            batch = Batch(x, y, i)
-            yield batch if stream is None else _OnStream(batch, stream.record_event())
 
-    def _produce(self, order: np.ndarray, epoch: int, start: int, drop_last: bool) -> Iterator[Batch]:
-        """Run the pipeline in a background thread, ``prefetch`` batches ahead of the caller.
-
-        Backends that fork worker processes per epoch (DataLoader workers, DALI's parallel
-        external source) prefetch on their own and run in the caller's thread: forking from a
-        thread can deadlock the child on locks another thread held.
-        """
-        if self.config.prefetch == 0 or self.backend().forks_per_epoch:
-            yield from self._timed(self._batches(order, epoch, start, drop_last))
-            return
-        q: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
-        stop = threading.Event()
-        DONE = object()
-
-        def work():
-            try:
-                for batch in self._batches(order, epoch, start, drop_last):
-                    while not stop.is_set():
-                        try:
-                            q.put(batch, timeout=0.1)
-                            break
-                        except queue.Full:
-                            pass
-                    if stop.is_set():
-                        return
-                q.put(DONE)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                q.put(e)
-
-        th = threading.Thread(target=work, name="sluice-loader", daemon=True)
-        th.start()
+        def batches() -> Iterator[Batch | OnStream]:
+            return device_batches(be, order, epoch, start, drop_last, batch_size=cfg.batch_size,
+                                  seed=cfg.seed, resolution=res, device=self.device,
+                                  augment=self.augment, timings=self.timings)
+        produced = prefetched(batches, cfg.prefetch, be.forks_per_epoch, self.timings)
         try:
-            while True:
-                t = time.perf_counter()
-                item = q.get()
-                self.timings.add("wait", time.perf_counter() - t)
-                if item is DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            for b, batch in enumerate(produced, start):
+                if isinstance(batch, OnStream):
+                    batch = batch.hand_over(self.device)
+                self.cursor.advance()
+                self.samples_seen += len(batch.labels)
+                advance(b)
+                yield batch
         finally:
-            stop.set()
-            while th.is_alive():
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    th.join(0.05)
+            produced.close()
+            self.wall_s += time.perf_counter() - t0
+            self._iter_t0 = None
 
-    def _timed(self, it: Iterator[Batch]) -> Iterator[Batch]:
-        while True:
-            t = time.perf_counter()
-            try:
-                b = next(it)
-            except StopIteration:
-                return
-            self.timings.add("wait", time.perf_counter() - t)
-            yield b
-
+    # ------------------------------------------------------------------ profiling
     def profile(self) -> dict[str, float]:
         """Seconds spent per stage so far (storage ``read``, ``decode``, ``augment``,
         ``transfer``, ``gather``, and the caller's ``wait`` for data), with ``samples`` seen and
         ``wall`` (seconds inside iteration): where the loading time goes."""
-        be = self._backend
-        out = dict(be.timings) if be is not None else {}
-        out.update(self.timings)
-        out.update({"corrupt_skipped": float(be.guard.skipped)} if getattr(be, "guard", None) else {})  # skip
-        out["samples"] = float(self.samples_seen)
-        out["wall"] = self.wall_s + (time.perf_counter() - self._iter_t0 if self._iter_t0 else 0.0)
-        return out
+        wall = self.wall_s + (time.perf_counter() - self._iter_t0 if self._iter_t0 else 0.0)
+        return gather_profile(self._backend, self.timings, self.samples_seen, wall)
 
     def bottleneck(self) -> dict[str, Any]:
         """Which resource bounds the loader (``verdict``: storage-, decode- or compute-bound) and
-        how long the caller waited for data; see ``bottleneck``."""
+        how long the caller waited for data; see ``profile.bottleneck``."""
         return bottleneck(self.profile())
 
     def profile_report(self) -> str:
         p = self.profile()
-        n, wall, bad = p.pop("samples", 0), p.pop("wall", 0.0), int(p.pop("corrupt_skipped", 0))
-        lines = [f"loader profile ({self.backend_name}, {int(n)} samples, {wall:.1f} s):",
-                 f"  backend      {self.backend_reason}"] + ([f"  damaged      {bad} samples skipped"] if bad else [])
-        for k, v in sorted(p.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {k:<14} {v:8.3f} s" + (f"  {v / n * 1e6:8.1f} µs/sample" if n else ""))
-        cache = self.artifact.cache
-        if cache is not None:
-            st = cache.stats
-            lines.append(f"  cache        {st['fetched']} files fetched ({st['fetched_bytes'] / 1e6:.1f} MB, "
-                         f"{st['retried']} retried), {st['hits']} hits, {st['evicted']} evicted "
-                         "(by this process: worker processes count their own)")
-        lines.append(f"  verdict      {self.bottleneck()['summary']}")
-        return "\n".join(lines)
-
-
-# Each profiled stage is work of one kind: storage reads, decoding, or our own compute.
-STAGE_KINDS = {"read": "storage", "decode": "decode", "decode+augment": "decode",
-               "read+decode": "storage+decode", "augment": "compute", "transfer": "compute",
-               "gather": "compute", "check": "compute"}
-
-
-def bottleneck(profile: dict[str, float]) -> dict[str, Any]:
-    """The verdict from a loader profile: the kind of work (storage reads, decode, or compute —
-    augmentation, transfer, gathers) that took the most seconds, its share of the loader's work,
-    and the share of the caller's time spent waiting for data (low: the loader keeps up, and
-    the caller's own work sets the pace)."""
-    kinds: dict[str, float] = {}
-    for k, v in profile.items():
-        if k in STAGE_KINDS:
-            kinds[STAGE_KINDS[k]] = kinds.get(STAGE_KINDS[k], 0.0) + v
-    total = sum(kinds.values())
-    wall, wait = profile.get("wall", 0.0), profile.get("wait", 0.0)
-    wait_share = wait / wall if wall > 0 else None
-    if total <= 0:
-        return {"verdict": "unknown", "shares": {}, "wait_share": wait_share,
-                "summary": "unknown: nothing loaded yet"}
-    shares = {k: v / total for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
-    top = next(iter(shares))
-    verdict = f"{top}-bound"
-    others = ", ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items() if k != top)
-    summary = f"{verdict}: {top} {100 * shares[top]:.0f}% of the loader's work" + (f" ({others})" if others else "")
-    if wait_share is not None:
-        summary += f"; the caller waited for data {100 * wait_share:.0f}% of its time"
-        if wait_share < 0.1:
-            summary += " (the loader keeps up: the caller's own work sets the pace)"
-    return {"verdict": verdict, "shares": shares, "wait_share": wait_share, "summary": summary}
-
-
-class _OnStream(NamedTuple):
-    """A CUDA batch made on the loader's side stream, and the event (``ready``) marking it done."""
-    batch: Batch
-    ready: Any
-
-    def hand_over(self, device: torch.device) -> Batch:
-        """The batch for the caller's stream: it waits for ``ready``; the memory outlives its use."""
-        cur = torch.cuda.current_stream(device)
-        cur.wait_event(self.ready)
-        for t in self.batch:
-            t.record_stream(cur)
-        return self.batch
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+        return profile_report(p, self.bottleneck(), self.backend_name, self.backend_reason, self.artifact.cache)

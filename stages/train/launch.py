@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError, TrainError
 from sluice.stages.load.specs import DataSpec
-from sluice.stages.procs import die_with_parent_preexec
+from sluice.procs import die_with_parent_preexec, stop_group
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
@@ -133,7 +133,7 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
     cmd = torchrun_command(job_path, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
     rc, tail = _run(cmd, out / "torchrun.log", timeout_s, {**_loopback_env(nnodes, endpoint), **(env or {})},
                     on_line)
-    return _collect(out, rc, tail, endpoint)
+    return collect_result(out, rc, tail, endpoint)
 
 
 def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None) -> tuple[Path, Path]:
@@ -171,7 +171,7 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
             # so a kill -9 of the flow does not leave it training as an orphan (on SIGTERM
             # torchrun stops its workers).
             start_new_session=True, preexec_fn=die_with_parent_preexec()) as p:
-        watchdog = threading.Timer(timeout_s, _stop, args=(p,)) if timeout_s else None
+        watchdog = threading.Timer(timeout_s, _time_out, args=(p,)) if timeout_s else None
         if watchdog is not None:
             watchdog.daemon = True
             watchdog.start()
@@ -183,7 +183,7 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
                 tail = (tail + [line])[-60:]
             rc = p.wait()
         except BaseException:  # e.g. KeyboardInterrupt: do not leave workers behind
-            _stop(p)
+            stop_group(p)
             raise
         finally:
             if watchdog is not None:
@@ -194,20 +194,15 @@ def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str]
     return rc, tail
 
 
-def _stop(p: subprocess.Popen) -> None:
-    """Stop torchrun and its workers (its own process group)."""
-    import signal
+def _time_out(p: subprocess.Popen) -> None:
+    """The watchdog: mark torchrun as timed out, then stop it and its workers."""
     p._sluice_timed_out = True  # type: ignore[attr-defined]
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, signal.SIGTERM)
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
+    stop_group(p)
 
 
-def _collect(out: Path, rc: int, tail: list[str], endpoint: str) -> TrainResult:
+def collect_result(out: Path, rc: int, tail: list[str], endpoint: str) -> TrainResult:
+    """Rank 0's result in ``out``, or the error that ended the run (``error.json``, a failed
+    rendezvous, torchrun's exit code) raised; also ``launch_nodes``' ending."""
     fatal = out / FATAL
     if fatal.exists():
         e = json.loads(fatal.read_text())

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError
 from sluice.stages.train.job import TrainJob
-from sluice.stages.procs import die_with_parent_preexec
-from sluice.stages.train.launch import _collect, _stop, prepare_run
+from sluice.procs import die_with_parent_preexec, stop_group
+from sluice.stages.train.launch import collect_result, prepare_run
 from sluice.stages.train.loop import TrainResult
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -157,7 +157,7 @@ def launch_nodes(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str
     if failed and not (out / "error.json").exists():
         _raise_rendezvous(failed, endpoint, cfg.rdzv_timeout_s)
     first = failed[0] if failed else runs[0]
-    return _collect(out, first.rc or 0, first.tail, endpoint)
+    return collect_result(out, first.rc or 0, first.tail, endpoint)
 
 
 def _raise_rendezvous(failed: list["_NodeRun"], endpoint: str, timeout_s: float) -> None:
@@ -231,7 +231,7 @@ class _NodeRun:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            _stop(self.proc)
+            stop_group(self.proc)
         if self._reader is not None:
             self._reader.join(15)
         if self.rc is None:

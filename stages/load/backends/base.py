@@ -46,7 +46,10 @@ class Backend:
     ``open`` and ``epoch``."""
     name: ClassVar[str] = ""
     augments: ClassVar[bool] = False  # yields finished batches (augmented, on the device)
-    forks_per_epoch: bool = False  # starts worker processes per epoch: no prefetch thread
+    # Forks worker processes during each epoch (DataLoader workers): the loader then drives it
+    # from the caller's thread, never its prefetch thread (sluice.procs, rule 2), and its fork
+    # goes through sluice.procs.fork_safe (which refuses a helper thread).
+    forks_per_epoch: bool = False
     reads_shards: ClassVar[bool] = False  # reads the tar shards by sample (remote: prefetch them)
     holds: ClassVar[str] = "the batches in flight"  # what working_bytes counts, said in auto's reason
     timings: Timings

@@ -3,6 +3,7 @@ DataLoader workers, in exactly the sampler's order; or, as an explicit ``streami
 WebDataset streaming with shard shuffle."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import zlib
@@ -12,12 +13,12 @@ import numpy as np
 import torch
 
 from sluice.errors import ArtifactError, SluiceError, require
+from sluice.procs import fork_safe
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
                                               decoded_sample_bytes)
 from sluice.stages.load.decode import opencv, pixels_batch
 from sluice.stages.load.integrity import Damage, Guard, mismatch
 from sluice.stages.load.sample_index import SampleIndex
-from sluice.stages.procs import fork_safe
 from sluice.storage.artifact import DatasetArtifact
 
 
@@ -82,7 +83,8 @@ class WebDatasetBackend(Backend):
                                          sampler=batches, num_workers=self.workers,
                                          prefetch_factor=self.batches_per_worker if self.workers else None,
                                          persistent_workers=False)
-        with fork_safe():  # DataLoader forks its workers when the iterator starts
+        # DataLoader forks its workers when the iterator starts (none: no fork, nothing to guard)
+        with fork_safe() if self.workers else contextlib.nullcontext():
             it = iter(dl)
         for imgs, labels, idx, spent, damage in it:
             self.timings.merge(spent)  # worker-seconds of storage reads and decodes
