@@ -157,3 +157,16 @@ def test_config_show_prints_the_resolved_config_a_run_would_use(capsys):
     assert shown["selection"]["params"] == {"prune": 0.5, "anneal": 0.875, "sync_every": 16}
     assert PipelineConfig.model_validate(shown) == load_config(PipelineConfig, None, ["train.lr=0.05"],
                                                               base={"recipe": "demo"})
+
+
+def test_each_loader_backend_checks_its_own_params():
+    from sluice.stages.load import LoaderConfig
+    c = LoaderConfig(backend="auto", backend_params={"webdataset": {"streaming": True}})
+    assert c.params_for("webdataset") == {"streaming": True, "shuffle_buffer": 1000}
+    assert LoaderConfig().params_for("webdataset")["streaming"] is False and LoaderConfig().params_for("memory") == {}
+    with pytest.raises(ValueError, match=r"loader backend 'webdataset': params.shuffle: unknown key \(it takes: streaming, shuffle_buffer\)"):
+        LoaderConfig(backend_params={"webdataset": {"shuffle": 10}})
+    with pytest.raises(ValueError, match="loader backend 'memory' takes no params"):
+        LoaderConfig(backend_params={"memory": {"streaming": True}})
+    with pytest.raises(ValueError, match="nope"):
+        LoaderConfig(backend_params={"nope": {}})

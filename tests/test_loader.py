@@ -227,7 +227,8 @@ def test_missing_backend_names_pip_package(art):
 
 
 def test_streaming_mode_covers_the_split_once(art):
-    L = Loader(art, split="train", batch_size=64, backend="webdataset", streaming=True, workers=0)
+    L = Loader(art, split="train", batch_size=64, backend="webdataset", workers=0,
+               backend_params={"webdataset": {"streaming": True}})
     _, _, idx = _collect(L)
     assert sorted(idx.tolist()) == list(range(art.manifest.splits["train"].count))
     assert idx.tolist() != sorted(idx.tolist())  # shuffled, but not in any sampler's order

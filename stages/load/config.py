@@ -2,10 +2,11 @@
 and Python. ``backend`` names a registered loader backend (or ``auto``), checked here."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sluice.plugins import entry_params
 from sluice.stages.load.augment import AugmentSpec
 from sluice.stages.load.backends import LOADER_BACKENDS
 from sluice.stages.load.samplers import ResolutionSchedule, SamplerConfig
@@ -38,8 +39,10 @@ class LoaderConfig(BaseModel):
     check_samples: bool = Field(True, description="check every sample's bytes against its checksum as it is read")
     on_corrupt: Literal["fail", "skip"] = Field("fail", description="a damaged sample: fail naming it, or drop it")
     max_corrupt_fraction: float = Field(0.01, ge=0, le=1, description="skip: fail once more of the split is damaged")
-    streaming: bool = Field(False, description="webdataset only: plain streaming with shard shuffle (inexact order)")
-    shuffle_buffer: int = 1000
+    backend_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="each backend's own knobs, by backend name (e.g. webdataset: "
+        "{streaming: true, shuffle_buffer: 1000}); checked against the Params model the backend declares "
+        "beside its code, and used when that backend is the one chosen (also through auto)")
     memory_budget_bytes: int | None = Field(None, description="default: half the tighter of the cgroup's and "
                                             "the host's free memory (stages/load/budget.py)")
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -49,3 +52,15 @@ class LoaderConfig(BaseModel):
     @classmethod
     def _registered(cls, v: str) -> str:
         return v if v == "auto" else LOADER_BACKENDS.validate(v)
+
+    @field_validator("backend_params")
+    @classmethod
+    def _params_of_each_backend(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Every named backend's knobs, defaults filled in, so the resolved config shows them."""
+        return {name: entry_params(LOADER_BACKENDS.get(LOADER_BACKENDS.validate(name)), name, params or {},
+                                   "loader backend") for name, params in v.items()}
+
+    def params_for(self, backend: str) -> dict[str, Any]:
+        """``backend``'s knobs: the ones given for it, over its Params model's defaults."""
+        return self.backend_params.get(backend) or entry_params(LOADER_BACKENDS.get(backend), backend, {},
+                                                                "loader backend")

@@ -25,7 +25,7 @@ from sluice.storage.artifact import open_artifact
 pytestmark = pytest.mark.timeout(300)
 BACKENDS = ["memory", "webdataset", "ffcv", "dali"]
 TAR_BACKENDS = ["memory", "webdataset", "dali"]  # the ones that read the tar shards
-STREAMING = "webdataset-streaming"  # the webdataset backend's plain streaming mode (streaming=True)
+STREAMING = "webdataset-streaming"  # the webdataset backend's plain streaming mode (backend_params.webdataset.streaming)
 VICTIMS = (3, 250, 411)  # split indices damaged in the first train shard (shards hold 500)
 RGB_VICTIMS = (3, 50, 77)  # the same in the RGB JPEG artifact (shards hold 100)
 
@@ -131,7 +131,7 @@ def read_split(root: Path, backend: str, reference: dict, **cfg) -> tuple[list[i
     """Every batch of one epoch; asserts each yielded sample equals what was written (image and
     label, by split index) and returns the indices yielded."""
     if backend == STREAMING:
-        backend, cfg = "webdataset", {**cfg, "streaming": True}
+        backend, cfg = "webdataset", {**cfg, "backend_params": {"webdataset": {"streaming": True}}}
     loader = Loader(root, backend=backend, batch_size=cfg.pop("batch_size", 64), workers=1, **cfg)
     seen: list[int] = []
     for x, y, idx in loader:

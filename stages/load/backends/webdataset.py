@@ -11,6 +11,7 @@ from typing import Iterator
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.errors import ArtifactError, SluiceError, require
 from sluice.procs import fork_safe
@@ -38,18 +39,28 @@ class _IndexedTarDataset(torch.utils.data.Dataset):
         return x, self.labels[batch], batch, dict(self.si.timings), damage
 
 
+class WebDatasetParams(BaseModel):
+    """``loader.backend_params.webdataset``."""
+    model_config = ConfigDict(extra="forbid")
+    streaming: bool = Field(False, description="plain WebDataset streaming with shard shuffle: inexact "
+                            "order, resume only at epoch boundaries")
+    shuffle_buffer: int = Field(1000, ge=1, description="streaming: samples in WebDataset's shuffle buffer")
+
+
 @LOADER_BACKENDS.register("webdataset")
 class WebDatasetBackend(Backend):
     """Exact-order reads from the tar shards (byte offsets from the DALI index files), decoded in
     ``workers`` DataLoader processes. ``streaming=True`` is plain WebDataset instead: shards
     shuffled, a shuffle buffer, no exact order and resume only at epoch boundaries."""
     name = "webdataset"
+    Params = WebDatasetParams
     reads_shards = True
     batches_per_worker = 2  # DataLoader's prefetch_factor: decoded batches each worker keeps ready
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "WebDatasetBackend":
-        return cls(artifact, split, workers, config.streaming, config.shuffle_buffer, config.seed,
+        p = WebDatasetParams.model_validate(config.params_for("webdataset"))
+        return cls(artifact, split, workers, p.streaming, p.shuffle_buffer, config.seed,
                    Guard.for_config(artifact, split, config))
 
     @classmethod
