@@ -27,7 +27,7 @@ TARGET = 0.93
 TRAIN_SOURCE = 60_000
 
 
-def sluice_once(epochs: float, seed: int) -> dict[str, Any]:
+def sluice_once(epochs: float, seed: int, batch_size: int | None = None) -> dict[str, Any]:
     from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job
     from sluice.stages.data.shard import shard_dataset
     from sluice.stages.train.launch import launch
@@ -35,7 +35,8 @@ def sluice_once(epochs: float, seed: int) -> dict[str, Any]:
     try:
         c = PipelineConfig.model_validate({
             "data_root": str(root), "nproc": 1,
-            "train": {"epochs": epochs, "seed": seed, "device": "cuda", "progress": False},
+            "train": {"epochs": epochs, "seed": seed, "device": "cuda", "progress": False,
+                      **({"batch_size": batch_size} if batch_size else {})},
             "loader": {"seed": seed, "device": "cuda", "sampler": {"seed": seed}},
             "prepare": {"shard": {"progress": False}}, "selection": {"seed": seed}})
         summary = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard)
@@ -46,13 +47,17 @@ def sluice_once(epochs: float, seed: int) -> dict[str, Any]:
         evals = [{"step": e["step"], "acc": e["acc"], "wall_s": e["wall_time"] - START} for e in r.evals]
         return {"evals": evals, "wall_s": time.time() - START, "final_acc": r.final_acc,
                 "amp": r.summary.get("amp"), "loader": r.summary.get("loader"),
-                "data_wait_frac": r.summary.get("data_wait_frac"), "shard_s": data["seconds"]}
+                "data_wait_frac": r.summary.get("data_wait_frac"), "shard_s": data["seconds"],
+                "batch_size": c.train.batch_size, "steps": max((e["step"] for e in r.evals), default=None),
+                "seconds_per_step": r.summary.get("seconds_per_step"), "host": r.summary.get("host"),
+                "train_elapsed_s": r.summary.get("elapsed_s")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_sluice(epochs: float, seed: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_tta", str(epochs), str(seed)], capture_output=True,
+def run_sluice(epochs: float, seed: int, batch_size: int | None = None) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_tta", str(epochs), str(seed),
+                          *([str(batch_size)] if batch_size else [])], capture_output=True,
                          text=True, timeout=3600, cwd=Path(__file__).resolve().parents[1])
     if out.returncode != 0:
         raise RuntimeError(f"sluice run failed:\n{out.stderr[-3000:]}")
@@ -79,4 +84,5 @@ def time_to_accuracy(quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(sluice_once(float(sys.argv[1]), int(sys.argv[2]))), flush=True)
+    print(json.dumps(sluice_once(float(sys.argv[1]), int(sys.argv[2]),
+                                 int(sys.argv[3]) if len(sys.argv) > 3 else None)), flush=True)

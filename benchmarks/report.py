@@ -674,7 +674,9 @@ def render_page() -> str:
     """docs/results.md: every block of ``render()`` (its headings one level under the title) and
     the nightly-growth section."""
     blocks = re.sub(r"(?m)^#### ", "## ", render())
-    return f"{PAGE_HEAD}\n{blocks}\n## Nightly retraining on a growing source\n\n{render_nightly()}"
+    from benchmarks.report_gpu import render_gpu
+    return (f"{PAGE_HEAD}\n{blocks}\n## Nightly retraining on a growing source\n\n{render_nightly()}"
+            f"\n## On one GPU\n\n{render_gpu()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,10 @@ HOST_DEFAULTS: dict[str, HostDefaults] = {
     "avx2": HostDefaults("none", 1, 64),  # bf16 is emulated; host_layout-avx2-simulated.json
     "avx512_bf16": HostDefaults("bf16", 1, 64),  # host_layout-avx512_bf16.json
     "amx": HostDefaults("bf16", 1, 64),  # not measured: taken from avx512_bf16
-    "cuda": HostDefaults("bf16", 1, 64),  # not measured; fp16 where the GPU has no bf16
+    # cuda: fp16 where the GPU has no bf16. 256 per rank cut an H100 epoch to a third but reached 93% in
+    # the recipe's 5.5 epochs on 1 seed of 3 (gpu_batch_ab.json); 64 reached it on all 3, at ~3x the
+    # plain baseline's time (gpu.json)
+    "cuda": HostDefaults("bf16", 1, 64),
 }
 
 
