@@ -207,6 +207,9 @@ def test_empty_split_is_refused(tmp_path):
                       tmp_path / "o", ShardConfig(formats=["webdataset", "dali"], progress=False, workers=1))
     with pytest.raises(ArtifactError, match="split 'holdout' .* is empty"):
         Loader(s.root, split="holdout")
+    # the irreducible-loss scorer's whole-split read says so too (it raised an IndexError)
+    with pytest.raises(ArtifactError, match="split 'holdout' .* is empty .*holdout_fraction > 0"):
+        split_arrays(s.root, "holdout")
 
 
 def test_backends_import_lazily_and_name_their_package():

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from sluice.errors import LoaderError
+from sluice.errors import ArtifactError, LoaderError
 from sluice.stages.data.sources.idx import read_idx
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler
@@ -139,6 +139,9 @@ def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str,
     the irreducible-loss model that want every sample at once. ``live_only``: without the
     samples a later version removed (what a model may train on; no longer index-aligned)."""
     art = artifact if isinstance(artifact, DatasetArtifact) else open_artifact(artifact)
+    if split in art.manifest.splits and art.manifest.split(split).count == 0:
+        raise ArtifactError(f"split {split!r} of {art.root} is empty" + (
+            " (shard with prepare.ingest.holdout_fraction > 0 for a holdout)" if split == "holdout" else ""))
     be = _memory_backend()(art, split, os.cpu_count() or 1)
     if live_only and art.manifest.split(split).removed:
         live = art.live(split)
