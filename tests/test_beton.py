@@ -33,6 +33,7 @@ def _fields(lib, image):
     return {"image": image, "label": lib.IntField(), "index": lib.IntField(), "key": lib.BytesField()}
 
 
+@pytest.mark.slow
 def test_gray_arrays_byte_for_byte_as_ffcv_including_samples_that_restart_on_a_new_page(tmp_path, monkeypatch):
     from ffcv import fields as ffcv_fields
     rng = np.random.default_rng(0)

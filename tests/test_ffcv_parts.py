@@ -139,6 +139,7 @@ def test_parts_manifest_is_what_the_backend_reads(arts):
 
 
 @pytest.mark.parametrize("batch_size", [7, 32, 50, 128, 400])
+@pytest.mark.slow
 def test_shuffled_orders_read_exactly_from_every_part(arts, batch_size):
     """Batch sizes that straddle the parts (and one larger than the split): each batch holds
     exactly ``order[lo:hi]``, pixels and labels as written, and equals the single-file read."""
@@ -155,6 +156,7 @@ def test_shuffled_orders_read_exactly_from_every_part(arts, batch_size):
             assert all(np.array_equal(u, v) for u, v in zip(a, b))
 
 
+@pytest.mark.slow
 def test_orders_that_skip_parts_and_repeat_samples(arts):
     """A subset order (a part never met, another met once) and repeated indices."""
     images, labels = arts["images"], arts["labels"]
@@ -166,6 +168,7 @@ def test_orders_that_skip_parts_and_repeat_samples(arts):
 
 
 @pytest.mark.parametrize("start_batch", [0, 3, 9])
+@pytest.mark.slow
 def test_resume_from_a_middle_batch(arts, start_batch):
     images, labels = arts["images"], arts["labels"]
     b = _backend(arts["parts"], 32)
@@ -176,6 +179,7 @@ def test_resume_from_a_middle_batch(arts, start_batch):
     assert _read(b, order, 32, start_batch=10) == []
 
 
+@pytest.mark.slow
 def test_an_abandoned_epoch_then_a_full_one(arts):
     """An epoch left after two batches (threads and FFCV iterators stopped) leaves the backend
     ready for the next."""
@@ -202,6 +206,7 @@ def _damage_second_part(root: Path, victim: int) -> None:
 
 
 @pytest.mark.parametrize("checksum", ["readahead", "decoded"])
+@pytest.mark.slow
 def test_damage_in_the_second_part_is_caught_or_dropped(arts, tmp_path, monkeypatch, checksum):
     """Caught before its batch is yielded whichever way the ndarray field's checksum was taken:
     by the part's readahead from the stored bytes, or (the readahead behind) from the decoded
@@ -264,6 +269,7 @@ def test_readahead_skips_batches_the_reader_took_without_it(tmp_path):
         ahead.stop()
 
 
+@pytest.mark.slow
 def test_a_relabelled_sample_is_yielded_with_its_new_label(tmp_path):
     """labels.npy holds the new label, the .beton the stored one (``relabelled``): the batch
     carries the new label and nothing is reported as damage."""
@@ -288,6 +294,7 @@ def test_a_relabelled_sample_is_yielded_with_its_new_label(tmp_path):
     assert len(seen) == N and all(seen[i] == want[i] for i in range(N))
 
 
+@pytest.mark.slow
 def test_a_label_changed_in_a_record_is_still_damage(tmp_path):
     """The stored label is what the record is checked against: a record whose label differs
     from it (relabelled or not) is damage, named in its part."""

@@ -64,6 +64,7 @@ def _latest(root: Path) -> str:
     return (root / "LATEST").read_text().strip()
 
 
+@pytest.mark.slow
 def test_keep_last_n_removes_old_versions_and_frees_their_bytes(tmp_path):
     root = tmp_path / "ds"
     v = [_shard(tmp_path, root, seed) for seed in range(4)]
@@ -85,6 +86,7 @@ def test_keep_last_n_removes_old_versions_and_frees_their_bytes(tmp_path):
     assert again.versions_removed == [] and again.files_removed == 0 and "nothing to remove" in again.format()
 
 
+@pytest.mark.slow
 def test_latest_is_never_removed(tmp_path):
     root = tmp_path / "ds"
     v = [_shard(tmp_path, root, seed) for seed in range(3)]
@@ -107,6 +109,7 @@ sys.stdin.read()  # until the test closes our stdin
 """
 
 
+@pytest.mark.slow
 def test_a_version_held_by_a_reader_in_another_process_is_skipped(tmp_path):
     root = tmp_path / "ds"
     v = [_shard(tmp_path, root, seed) for seed in range(3)]
@@ -126,6 +129,7 @@ def test_a_version_held_by_a_reader_in_another_process_is_skipped(tmp_path):
     assert r.versions_removed == [v[0]] and r.versions_held == [] and not (root / v[0]).exists()
 
 
+@pytest.mark.slow
 def test_leases_in_this_process_last_as_long_as_the_artifact(tmp_path):
     root = tmp_path / "ds"
     v = [_shard(tmp_path, root, seed) for seed in range(3)]
@@ -164,6 +168,7 @@ def test_the_lease_is_close_on_exec_and_optional(tmp_path):
         art.verify(deep=True)
 
 
+@pytest.mark.slow
 def test_kept_versions_keep_the_files_they_reuse_from_a_removed_one(tmp_path):
     """B reuses A's train split (its records point at A's files, ``version`` = A): gc removes A's
     manifest and its other files, keeps what B reads; once B goes too, A's leftovers go."""
@@ -225,6 +230,7 @@ def test_a_directory_without_manifest_is_never_touched(tmp_path):
     assert _files(killed) == before and "did not finish" in r.format()
 
 
+@pytest.mark.slow
 def test_dry_run_removes_nothing_and_reports_what_would_go(tmp_path):
     root = tmp_path / "ds"
     v = [_shard(tmp_path, root, seed) for seed in range(3)]
@@ -281,6 +287,7 @@ def test_bad_roots_and_bad_keep_are_clear_errors(tmp_path):
     assert all((root / p).exists() for p in before)
 
 
+@pytest.mark.slow
 def test_a_real_incremental_chain(tmp_path):
     """The shard stage's own versions on top of a parent: gc keeps what the newest one reuses."""
     root, src = tmp_path / "ds", tmp_path / "grow.npz"
@@ -304,6 +311,7 @@ def test_a_real_incremental_chain(tmp_path):
     _readable(root, versions[-1])
 
 
+@pytest.mark.slow
 def test_the_cli_prints_the_report(tmp_path, capsys):
     root = tmp_path / "ds"
     v = [_shard(tmp_path, root, seed) for seed in range(3)]

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_gpu_check_without_a_gpu_stops_with_one_clear_line(tmp_path):
     import torch
     if torch.cuda.is_available():

@@ -96,6 +96,7 @@ def _loader(art, device, **kw):
 
 @pytest.mark.parametrize("device", ON)
 @pytest.mark.parametrize("backend", ["memory", "webdataset", "ffcv"])
+@pytest.mark.slow
 def test_loader_device_order_and_resume(rgb_artifact, device, backend):
     """Batches on ``device`` carry exactly the CPU loader's samples in its order, with the same
     pixels up to float rounding; a state taken mid-epoch resumes to the very same batches."""

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sluice.flows.pipeline import PipelineConfig
@@ -31,6 +32,7 @@ def _probe(**env: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_an_avx2_host_resolves_fp32_and_says_so():
     """ATEN_CPU_CAPABILITY=avx2 makes PyTorch run AVX2 kernels, where bf16 is emulated: this is
     what an AVX2 host resolves, on any x86 CPU."""

@@ -69,6 +69,7 @@ def test_child_names_its_parent_and_delta(grown):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_every_backend_yields_the_source_as_it_is_now(grown, backend):
     """Each live sample's pixels and label are the source's now (the relabel and the changed
     pixels included); removed and replaced samples never come out."""
@@ -137,6 +138,7 @@ def test_a_relabel_back_drops_the_relabel_record(tmp_path):
     assert old and all(f.version is not None for f in c.manifest.files() if f.path in old)
 
 
+@pytest.mark.slow
 def test_unusable_parent_means_a_whole_version_with_the_reason(tmp_path):
     x, y = _images(400)
     out = tmp_path / "out"
@@ -154,6 +156,7 @@ def test_unusable_parent_means_a_whole_version_with_the_reason(tmp_path):
     assert c.manifest.parent is None and "encoded differently" in c.manifest.parent_refused
 
 
+@pytest.mark.slow
 def test_a_missing_parent_or_ancestor_means_a_whole_version_with_the_reason(tmp_path):
     """LATEST names a version whose directory is gone, or a version whose reused files lay in an
     ancestor deleted by hand: the next version is written whole, saying why; nothing is half-read."""
@@ -177,6 +180,7 @@ def test_a_missing_parent_or_ancestor_means_a_whole_version_with_the_reason(tmp_
     assert verify_artifact(d.root).ok
 
 
+@pytest.mark.slow
 def test_incremental_off_writes_whole_versions(tmp_path):
     x, y = _images(400)
     out = tmp_path / "out"

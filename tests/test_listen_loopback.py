@@ -73,6 +73,7 @@ def other_addresses() -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_single_node_training_listens_on_loopback_only(tmp_path):
     x, y = fashion_mnist("train")
     np.savez(tmp_path / "train.npz", images=x[:1024], labels=y[:1024])

@@ -34,6 +34,7 @@ def _collect(loader):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_each_rank_gets_its_slice_in_sampler_order(art, backend):
     labels = art.labels("train")
     per_rank = []
@@ -92,6 +93,7 @@ def test_partition_pad_and_drop_are_explicit():
 
 
 @pytest.mark.parametrize("backend", ["memory", "webdataset", "dali"])
+@pytest.mark.slow
 def test_resume_mid_epoch_yields_the_same_remaining_batches(art, backend):
     cfg = LoaderConfig(split="train", batch_size=32, backend=backend, workers=1, augment=AugmentSpec.standard(),
                        sampler=SamplerConfig(kind="shuffle", seed=5))
@@ -212,6 +214,7 @@ def test_empty_split_is_refused(tmp_path):
         split_arrays(s.root, "holdout")
 
 
+@pytest.mark.slow
 def test_backends_import_lazily_and_name_their_package():
     code = ("import sys, sluice.stages.load.loader, sluice.stages.load.backends; "
             "print(any(m.split('.')[0] in ('ffcv', 'nvidia') for m in sys.modules))")
@@ -219,6 +222,7 @@ def test_backends_import_lazily_and_name_their_package():
     assert r.stdout.strip() == "False", r.stderr
 
 
+@pytest.mark.slow
 def test_missing_backend_names_pip_package(art):
     code = ("import sys; sys.modules['ffcv'] = None\n"
             "from sluice.stages.load import Loader\n"

@@ -91,6 +91,7 @@ def _ramp_artifact(tmp_path_factory, n=256, h=48, w=64):
     return open_artifact(s.root)
 
 
+@pytest.mark.slow
 def test_import_does_not_load_dali():
     import subprocess
     import sys
@@ -317,6 +318,7 @@ def test_same_draws_as_torch_augment(fmnist, ops, resolution):
      Normalize(mean=[0.3], std=[0.3])],
     [RandomResizedCrop(size=20, scale=(0.3, 1.0)), Flip(p=0.4), Cutout(size=5), Normalize()],
 ], ids=["no-crop", "crop"])
+@pytest.mark.slow
 def test_every_backend_augments_batch_b_of_epoch_e_identically(fmnist, ops):
     """One draw per (seed, epoch, batch), made by the ops themselves, applied by every backend:
     memory, FFCV and WebDataset give bit-identical batches; DALI's operators give the same

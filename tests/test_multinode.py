@@ -45,6 +45,7 @@ def cfg(**kw) -> dict:
 
 
 @needs_netns
+@pytest.mark.slow
 def test_two_nodes_via_the_deploy_script_equal_two_ranks_on_one_machine(tmp_path, data, cluster):
     """deploy/torchrun-multinode.sh on each node, as an operator would run it: both nodes end
     with identical parameters, equal to a 2-rank single-machine run from the same seed."""
@@ -70,6 +71,7 @@ def test_two_nodes_via_the_deploy_script_equal_two_ranks_on_one_machine(tmp_path
 
 
 @needs_netns
+@pytest.mark.slow
 def test_kill_minus_9_of_one_nodes_rank_restarts_from_checkpoint_and_finishes(tmp_path, data, cluster):
     train_spec = {**data[0], "delay_s": 0.03}  # slow storage, so the kill lands mid-run
     c = cfg(max_steps=60, checkpoint_every_steps=5, comm={"mode": "none"})
@@ -103,6 +105,7 @@ def test_kill_minus_9_of_one_nodes_rank_restarts_from_checkpoint_and_finishes(tm
 
 
 @needs_netns
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # the rendezvous gives up after rdzv_timeout_s; a hang fails here instead
 def test_a_node_that_never_joins_fails_naming_it(tmp_path, data, cluster):
     cluster.nodes[1].set_link(False)  # node 1's cable is out

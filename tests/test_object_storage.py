@@ -149,6 +149,7 @@ def _epoch(loader):
     return torch.cat(xs), torch.cat(idx)
 
 
+@pytest.mark.slow
 def test_shard_to_s3_then_load_through_the_cache(s3, remote, fmnist_artifact, tmp_path):
     art = open_artifact(remote, cache_dir=tmp_path / "cache")
     assert art.fingerprint == fmnist_artifact.manifest.fingerprint      # the same bytes, uploaded
@@ -163,6 +164,7 @@ def test_shard_to_s3_then_load_through_the_cache(s3, remote, fmnist_artifact, tm
     assert "train/shard-000000.tar" in cached and "train/data.beton" in cached
 
 
+@pytest.mark.slow
 def test_cache_limit_evicts_and_prefetches_in_the_order_of_need(remote, fmnist_artifact, tmp_path):
     shards = fmnist_artifact.manifest.splits["train"].shards
     limit = 3 * max(sh.tar.bytes for sh in shards) + 4096
@@ -183,6 +185,7 @@ def test_cache_limit_evicts_and_prefetches_in_the_order_of_need(remote, fmnist_a
     assert L.artifact.cache.stats == seen
 
 
+@pytest.mark.slow
 def test_a_corrupt_object_never_reaches_a_batch(s3, remote, fmnist_artifact, tmp_path):
     art = open_artifact(remote)
     victim = art.manifest.splits["train"].shards[2]
@@ -203,6 +206,7 @@ def test_a_corrupt_object_never_reaches_a_batch(s3, remote, fmnist_artifact, tmp
         s3.pipe_file(key, good)
 
 
+@pytest.mark.slow
 def test_a_spoiled_download_is_retried(remote, fmnist_artifact, tmp_path, monkeypatch):
     import s3fs
     _Flaky.spoiled.clear()

@@ -199,6 +199,7 @@ def _importance_rank(rank: int, world: int, init: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_importance_estimates_are_gathered_from_every_rank(tmp_path):
     """Under DDP each rank observes its own samples; all-gather gives every rank every loss,
     so the ranks keep identical probabilities (and train the same n_b)."""
@@ -485,6 +486,7 @@ def _infobatch_rank(rank: int, world: int, init: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_infobatch_loss_table_is_gathered_from_every_rank(tmp_path):
     import torch.multiprocessing as mp
     mp.start_processes(_infobatch_rank, args=(2, f"file://{tmp_path}/rdzv", str(tmp_path)),

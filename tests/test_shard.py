@@ -132,6 +132,7 @@ print("REUSED", s.shards_reused, "WRITTEN", s.shards_written)
 """
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_resumes_without_redoing_shards(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-c", KILL_SCRIPT, str(out), "6000"]
@@ -207,6 +208,7 @@ def test_cli_shard_prints_summary(tmp_path):
     assert bad.returncode == 2 and "shard.shard_samples" in bad.stderr
 
 
+@pytest.mark.slow
 def test_shard_map_can_run_elsewhere(tmp_path):
     """The shard writes can be handed to any executor (here a spawn process pool, which shares
     nothing with this process): the artifact is the same as the local pool's."""
@@ -225,6 +227,7 @@ def test_shard_map_can_run_elsewhere(tmp_path):
     assert [f.sha256 for f in a.manifest.files()] == [f.sha256 for f in b.manifest.files()]
 
 
+@pytest.mark.slow
 def test_pool_workers_do_not_run_the_parents_sigterm_handler(tmp_path, capfd):
     """Prefect installs a SIGTERM handler; shard pool workers are forked and then terminated,
     and must die quietly instead of printing the inherited handler's traceback."""

@@ -49,6 +49,7 @@ def fmnist():
     return x[:2048], y[:2048], tx[:1000], ty[:1000]
 
 
+@pytest.mark.slow
 def test_the_default_recipe_learns_in_twenty_steps(fmnist):
     """The pipeline's default training recipe (lr, one-cycle, EMA, the host's precision) for 20
     steps of 64 on one rank learns well above chance (0.1). Measured over seeds 0-4: 0.56-0.60

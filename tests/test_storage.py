@@ -106,6 +106,7 @@ def test_shard_to_fsspec_url():
     assert len(art.labels("train")) == art.manifest.splits["train"].count == 80
 
 
+@pytest.mark.slow
 def test_a_fork_never_inherits_a_cache_lock_it_cannot_see(tmp_path):
     """A DataLoader worker forked while the prefetch thread opens or closes a cache lock file must
     not keep that lock held: before the fix, a fork right after the thread's ``os.open`` left the

@@ -158,6 +158,7 @@ def _damage(root: Path, fmt: str, where: str, victims=VICTIMS) -> set[int]:
 
 @pytest.mark.drill("corrupt-pixels", "corrupt-header")
 @pytest.mark.parametrize("backend,enc,fmt,where", CASES)
+@pytest.mark.slow
 def test_default_fails_naming_the_sample_before_it_is_yielded(request, clean, tmp_path, backend, enc, fmt, where):
     ref = _reference(request, clean, enc)
     root = _copy(ref, tmp_path)
@@ -174,6 +175,7 @@ def test_default_fails_naming_the_sample_before_it_is_yielded(request, clean, tm
 
 @pytest.mark.drill("corrupt-skip")
 @pytest.mark.parametrize("backend,enc,fmt,where", CASES)
+@pytest.mark.slow
 def test_skip_drops_exactly_the_damaged_samples(request, clean, tmp_path, backend, enc, fmt, where):
     ref = _reference(request, clean, enc)
     root = _copy(ref, tmp_path)
@@ -188,6 +190,7 @@ def test_skip_drops_exactly_the_damaged_samples(request, clean, tmp_path, backen
 
 @pytest.mark.drill("corrupt-skip")
 @pytest.mark.parametrize("backend", BACKENDS + [STREAMING])
+@pytest.mark.slow
 def test_skip_fails_past_the_threshold(clean, tmp_path, backend):
     root = _copy(clean["npy"], tmp_path)
     damage_beton(root, "pixels") if backend == "ffcv" else damage_tar(root, "pixels")
@@ -204,6 +207,7 @@ def test_a_clean_artifact_reads_whole_on_every_backend(clean, tmp_path, backend)
 
 
 @pytest.mark.drill("corrupt-verify")
+@pytest.mark.slow
 def test_sluice_verify_names_every_damaged_file_and_sample(clean, tmp_path):
     root = _copy(clean["npy"], tmp_path)
     r = run_cli(["verify", str(root)], timeout=120)
@@ -224,6 +228,7 @@ def test_sluice_verify_names_every_damaged_file_and_sample(clean, tmp_path):
 
 
 @pytest.mark.drill("corrupt-no-sums")
+@pytest.mark.slow
 def test_an_artifact_without_checksums_stays_readable_and_says_so(clean, tmp_path):
     root = _copy(clean["npy"], tmp_path)
     m = json.loads((root / "manifest.json").read_text())
@@ -247,6 +252,7 @@ EMPTIED = (248, 249, 250, 251)  # batch 62 of a sequential epoch in batches of 4
 
 @pytest.mark.drill("corrupt-skip")
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_skip_yields_an_empty_batch_where_every_sample_was_damaged(clean, tmp_path, backend):
     """Every backend yields a batch in its place (empty, shaped like the others), so an epoch has
     as many batches on every rank and DDP stays in step; DALI, which cannot run an empty batch,
@@ -266,6 +272,7 @@ def test_skip_yields_an_empty_batch_where_every_sample_was_damaged(clean, tmp_pa
 
 
 @pytest.mark.drill("corrupt-skip")
+@pytest.mark.slow
 def test_training_steps_through_an_empty_batch(clean, tmp_path):
     """An empty batch is a step with a zero loss (not NaN), and the summary counts every skip."""
     from sluice.stages.train import TrainConfig, train

@@ -49,6 +49,7 @@ def images(tmp_path_factory):
     ("image-truncated-jpeg", "Truncated File Read"),
     ("image-decompression-bomb", "more than shard.max_pixels"),
 ])
+@pytest.mark.slow
 def test_bad_image_is_quarantined_naming_its_file(images, case, reason):
     files, art, quarantine, _ = images
     q = quarantine[str(files[case])]  # the record names the file itself
@@ -271,6 +272,7 @@ def test_bad_eval_split_is_refused_before_any_stage(tmp_path, capsys, sets, fiel
 
 @pytest.mark.drill("manifest-count-raised")
 @pytest.mark.parametrize("backend", ["memory", "ffcv", "webdataset"])
+@pytest.mark.slow
 def test_raised_manifest_count_is_refused_before_the_first_batch(fmnist_artifact, tmp_path, backend):
     import shutil
     from sluice.stages.load import Loader
