@@ -16,7 +16,8 @@ from sluice.stages.load import Loader, SamplerConfig
 from sluice.stages.load.arrays import ArrayLoader
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.train.config import CommConfig, TrainConfig
-from sluice.stages.train.elastic import Resize, rank_part, rescale_job
+from sluice.stages.train.checkpointer import rank_part
+from sluice.stages.train.elastic import Resize, rescale_job
 from sluice.stages.train.job import TrainJob
 
 N = 103  # odd, so padding and dropping both matter

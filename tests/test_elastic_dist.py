@@ -19,6 +19,7 @@ from sluice.stages.train.launch import launch, make_job
 from sluice.stages.train.schedule import lr_at
 from sluice.storage.checkpoint import load_checkpoint
 
+pytestmark = pytest.mark.slow  # torchrun launches: seconds to a minute each
 QUIET = {"on_line": lambda line: None, "timeout_s": 300}
 N, G = 960, 48  # an epoch is 20 steps of a global batch of 48 (48 / 3 = 16 per rank on 3 ranks)
 

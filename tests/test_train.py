@@ -89,12 +89,12 @@ def test_typed_data_spec_builds_a_rank_slice_and_refuses_unknown_kinds(tmp_path,
 # ---- config ---------------------------------------------------------------------------------
 
 def test_config_is_json_and_rejects_bad_input():
-    c = cfg(comm={"mode": "powersgd", "powersgd_rank": 2, "start_iter": 5})
+    c = cfg(comm={"mode": "powersgd", "params": {"rank": 2, "start_iter": 5}})
     assert TrainConfig.model_validate_json(c.model_dump_json()) == c
     with pytest.raises(ValidationError):
         TrainConfig(lr_typo=1)
     with pytest.raises(ValidationError, match="start_iter"):
-        TrainConfig(comm={"mode": "powersgd", "start_iter": 1})
+        TrainConfig(comm={"mode": "powersgd", "params": {"start_iter": 1}})
     assert c.compat(2) == cfg(comm=c.comm, progress=True, halt_at_step=3).compat(2)
     assert c.compat(2) != cfg(comm=c.comm, lr=0.2).compat(2)
 
@@ -109,6 +109,7 @@ def test_lr_schedules_follow_the_budget():
 
 # ---- training -------------------------------------------------------------------------------
 
+@pytest.mark.slow  # ~2 s idle: 30 steps of 2 micro-batches and two evaluations
 def test_train_in_process_reports_metrics_and_learns(tmp_path, fmnist):
     tr, ev = loaders(fmnist)
     c = cfg(max_steps=30, metrics_path=str(tmp_path / "m.jsonl"), checkpoint_dir=str(tmp_path / "ck"),
@@ -150,11 +151,19 @@ def test_fp16_needs_cuda():
         train(cfg(amp="fp16"), ArrayLoader(np.zeros((64, 28, 28), np.uint8), np.zeros(64), 32))
 
 
-def test_time_budget_stops_and_decays_lr(fmnist):
+@pytest.mark.parametrize("max_steps", [None, 10**9])
+def test_time_budget_stops_and_decays_lr(fmnist, max_steps):
+    """However fast the steps run (one or hundreds), the run ends by the clock, short of any step
+    budget, and every step's lr is the schedule at the fraction of the time budget used."""
     tr, _ = loaders(fmnist)
-    r = train(cfg(max_steps=None, max_seconds=1.0, schedule="linear", warmup_fraction=0.0), tr)
-    assert r.steps >= 1 and r.summary["stopped_by"] == "max_seconds"
-    assert r.metrics[-1]["lr"] < r.metrics[0]["lr"]
+    c = cfg(max_steps=max_steps, max_seconds=0.3, schedule="linear", warmup_fraction=0.0)
+    r = train(c, tr)
+    assert r.summary["stopped_by"] == "max_seconds" and r.summary["elapsed_s"] >= 0.3
+    assert 1 <= r.steps < (max_steps or float("inf"))
+    before = [0.0] + [m["elapsed_s"] for m in r.metrics[:-1]]  # the clock when each step began
+    assert [m["lr"] for m in r.metrics] == [
+        lr_at(c, max(i / max_steps if max_steps else 0.0, t / 0.3), max_steps)
+        for i, t in enumerate(before)]
 
 
 def test_resume_after_halt_equals_uninterrupted(tmp_path, fmnist):
@@ -178,7 +187,7 @@ def test_resume_keeps_the_selectors_loss_table(tmp_path, fmnist, method):
     from sluice.stages.select import SelectionConfig, build_selector
 
     def sel():
-        extra = {"n_select": 16, "importance_draw": "candidates"} if method == "importance" else {}
+        extra = {"n_select": 16, "params": {"importance_draw": "candidates"}} if method == "importance" else {}
         return build_selector(SelectionConfig(method=method, **extra), candidate_size=32,
                               split_size=len(fmnist[1]))
     c = dict(max_steps=30, eval_every_steps=None)
@@ -233,8 +242,7 @@ def test_importance_sampling_in_the_training_stage_redraws_from_uniform_candidat
     of 32 are candidates; 16 are redrawn by loss-proportional p with weights 1/(n_B q)."""
     from sluice.stages.select import SelectionConfig, build_selector
     tr, ev = loaders(fmnist)
-    sel = build_selector(SelectionConfig(method="importance", n_select=16, smoothing=0.5,
-                                         importance_draw="candidates"),
+    sel = build_selector(SelectionConfig(method="importance", n_select=16, params={"smoothing": 0.5, "importance_draw": "candidates"}),
                          candidate_size=32, split_size=len(fmnist[1]))
     r = train(cfg(max_steps=8), tr, ev, selector=sel)
     assert all(m["select/n_candidates"] == 32 and m["select/n_selected"] == 16 for m in r.metrics)
@@ -247,7 +255,7 @@ def test_infobatch_in_the_training_stage_prunes_then_anneals(fmnist):
     every pruned step trains fewer samples, and the last quarter (anneal) trains every one."""
     from sluice.stages.select import SelectionConfig, build_selector
     tr, ev = loaders(fmnist)
-    sel = build_selector(SelectionConfig(method="infobatch", prune=0.5, anneal=0.75),
+    sel = build_selector(SelectionConfig(method="infobatch", params={"prune": 0.5, "anneal": 0.75}),
                          candidate_size=32, split_size=len(fmnist[1]))
     r = train(cfg(max_steps=40), tr, ev, selector=sel)
     sizes = [m["select/n_selected"] for m in r.metrics]
@@ -273,10 +281,17 @@ def test_bad_loader_is_refused():
 
 
 def test_checkpoint_every_seconds(tmp_path, fmnist):
-    tr, _ = loaders(fmnist)
-    c = cfg(max_steps=6, checkpoint_dir=str(tmp_path), checkpoint_every_seconds=1e-6, halt_at_step=4)
-    r = train(c, tr)
-    assert r.halted and load_checkpoint(tmp_path / "last.pt")["step"] == 4
+    """The loss diverges at step 5, before the run would write its final checkpoint: only the
+    every-seconds saves can have left one, after step 4 when the interval is tiny, none when it
+    is an hour."""
+    c = cfg(max_steps=20, checkpoint_dir=str(tmp_path / "often"), checkpoint_every_seconds=1e-6)
+    with pytest.raises(NonFiniteLoss, match="step 5.*last good checkpoint"):
+        train(c, loaders(fmnist)[0], selector=FixedCountSelector(16, nan_after=4))
+    assert load_checkpoint(tmp_path / "often" / "last.pt")["step"] == 4
+    c = c.model_copy(update={"checkpoint_dir": str(tmp_path / "hourly"), "checkpoint_every_seconds": 3600.0})
+    with pytest.raises(NonFiniteLoss, match="step 5.*no checkpoint was written"):
+        train(c, loaders(fmnist)[0], selector=FixedCountSelector(16, nan_after=4))
+    assert not (tmp_path / "hourly" / "last.pt").exists()
 
 
 @pytest.mark.gpu

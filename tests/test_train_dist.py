@@ -14,7 +14,8 @@ from sluice.stages.train import TrainResult
 from sluice.stages.train.launch import free_port, launch, make_job
 from sluice.storage.checkpoint import load_checkpoint
 
-QUIET = {"on_line": lambda line: None, "timeout_s": 240}
+pytestmark = pytest.mark.slow  # torchrun launches: seconds to a minute each
+QUIET = {"on_line": lambda line: None}  # no time limits here: a hang is pytest-timeout's to catch
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def cfg(**kw) -> dict:
 @pytest.mark.parametrize("mode", ["none", "fp16", "bf16", "powersgd"])
 def test_two_ranks_every_comm_mode_trains_and_keeps_ranks_identical(tmp_path, data, mode):
     # tiny buckets: several DDP buckets per step, where torch's own powerSGD_hook breaks on gloo
-    comm = {"mode": mode, "start_iter": 4, "powersgd_rank": 1, "bucket_cap_mb": 0.005}
+    comm = {"mode": mode, "bucket_cap_mb": 0.005, "params": {"start_iter": 4, "rank": 1} if mode == "powersgd" else {}}
     r = launch(make_job(cfg(comm=comm), *data), nproc=2, out_dir=tmp_path, **QUIET)
     assert isinstance(r, TrainResult) and r.steps == 24 and r.final_acc is not None
     digests = r.summary["param_digests"]
@@ -50,7 +51,7 @@ def test_two_ranks_every_comm_mode_trains_and_keeps_ranks_identical(tmp_path, da
 
 
 def test_resume_after_stop_matches_uninterrupted_run_powersgd(tmp_path, data):
-    c = cfg(comm={"mode": "powersgd", "start_iter": 3, "powersgd_rank": 2},
+    c = cfg(comm={"mode": "powersgd", "params": {"start_iter": 3, "rank": 2}},
             checkpoint_every_steps=5)
     full = launch(make_job(c, *data), nproc=2, out_dir=tmp_path / "full", **QUIET)
     half = launch(make_job({**c, "halt_at_step": 13}, *data), nproc=2, out_dir=tmp_path / "b", **QUIET)
@@ -83,26 +84,24 @@ def test_kill_minus_9_one_rank_restarts_from_checkpoint_and_finishes(tmp_path, d
     t = threading.Thread(target=run)
     t.start()
     ckpt, pid_file = tmp_path / "checkpoints" / "last.pt", tmp_path / "pids" / "rank1.pid"
-    deadline = time.monotonic() + 120
-    while not (ckpt.exists() and pid_file.exists()) and time.monotonic() < deadline:
+    while not (ckpt.exists() and pid_file.exists()) and t.is_alive():
         time.sleep(0.1)
-    assert ckpt.exists(), box
+    assert ckpt.exists() and t.is_alive(), box  # a checkpoint, and the run still going
     killed_at = load_checkpoint(ckpt)["step"]
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    t.join(240)
+    t.join()
     assert "error" not in box, box.get("error")
     r = box["result"]
     assert r.steps == 80 and r.resumed_from is not None and r.resumed_from >= killed_at
     assert r.summary["param_digests"][0] == r.summary["param_digests"][1]
 
 
-def test_unreachable_rendezvous_fails_fast_naming_the_address(tmp_path, data):
+def test_unreachable_rendezvous_is_refused_before_launching_naming_the_address(tmp_path, data):
     port = free_port()  # nothing listens here
-    start = time.monotonic()
     with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}"):
-        launch(make_job(cfg(), *data), nproc=1, nnodes=2, node_rank=1, out_dir=tmp_path,
+        launch(make_job(cfg(), *data), nproc=1, nnodes=2, node_rank=1, out_dir=tmp_path / "run",
                rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=2, **QUIET)
-    assert time.monotonic() - start < 30
+    assert not (tmp_path / "run").exists()  # refused before torchrun (and its own waits) started
 
 
 def test_rendezvous_host_gives_up_when_a_node_never_joins(tmp_path, data):
@@ -114,17 +113,15 @@ def test_rendezvous_host_gives_up_when_a_node_never_joins(tmp_path, data):
 
 def test_launch_timeout_stops_the_job(tmp_path, data):
     slow = {**data[0], "delay_s": 0.2}
-    start = time.monotonic()
-    with pytest.raises(Exception, match="timeout_s"):
+    with pytest.raises(Exception, match="timeout_s"):  # 500 steps of slow storage: far over 8 s
         launch(make_job(cfg(max_steps=500), slow), nproc=2, out_dir=tmp_path, on_line=lambda s: None,
                timeout_s=8)
-    assert time.monotonic() - start < 40
 
 
 def test_nan_under_torchrun_fails_clearly_without_restart_loop(tmp_path, data, installed_plugins):
     """A selection method from a package outside Sluice, reached by its entry-point name in the
     workers; its NaN weights stop the run once, clearly, with no restart loop."""
-    sel = {"config": {"method": "fixed_count", "n_select": 16, "options": {"nan_after": 7}},
+    sel = {"config": {"method": "fixed_count", "n_select": 16, "params": {"nan_after": 7}},
            "candidate_size": 32, "split_size": 2048}
     with pytest.raises(TrainError, match="NonFiniteLoss.*step 8.*last good checkpoint"):
         launch(make_job(cfg(checkpoint_every_steps=3), *data, selection=sel), nproc=2,

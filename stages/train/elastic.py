@@ -21,6 +21,8 @@ several). What the resumed run sees:
   its own when it existed, else seeded from (seed, rank, step). PowerSGD's error feedback is per
   rank: the residuals are averaged and every new rank starts from the average, so the group
   still applies exactly the correction it owed (its warm-start factors are shared already).
+  ``checkpointer.rank_part`` deals these per-rank parts; this module holds the arithmetic
+  (``Resize``) and the per-rank sizes (``batch_scale_for``, ``rescale_job``).
 * Batch statistics (BatchNorm) see per-rank batches of the new size; a resumed run is therefore
   sample-exact but not bit-identical to an uninterrupted one.
 """
@@ -100,6 +102,13 @@ def rescale_job(job: TrainJob, scale: Fraction, world: int) -> TrainJob:
     return job.model_copy(update={"data": data, "selection": sel})
 
 
+def job_for_world(job: TrainJob, world: int) -> tuple[TrainJob, Fraction]:
+    """``job`` as ``world`` ranks resume it (its checkpoint may be another world size's), and the
+    batch scale to pass to ``train``: what the worker builds its loaders and selector from."""
+    scale = batch_scale_for(job.config, world)
+    return rescale_job(job, scale, world), scale
+
+
 @dataclasses.dataclass
 class Resize:
     """How a resumed run relates to the one that wrote its checkpoint."""
@@ -137,14 +146,3 @@ class Resize:
                                                                    self.batch_scale.denominator],
                 "total_steps": total_steps, "units": units}
 
-
-def rank_part(ranks: list[dict[str, Any]], rank: int, step: int, seed: int, hook: Any) -> dict[str, Any]:
-    """Rank ``rank``'s part of a checkpoint written by ``len(ranks)`` ranks (see the module doc)."""
-    world = len(ranks)
-    own = dict(ranks[rank % world])
-    own["loader"] = ranks[0]["loader"]  # global positions: any rank's says where the epoch is
-    own["comm"] = hook.merge_rank_states([r["comm"] for r in ranks])
-    if rank >= world:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + step)
-        own["rng"] = {"torch": g.get_state()}
-    return own

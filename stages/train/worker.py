@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sluice.errors import ConfigError, SluiceError
 from sluice.stages.host import threads_per_rank
 from sluice.stages.train.dist import init_process_group
-from sluice.stages.train.elastic import batch_scale_for, rescale_job
+from sluice.stages.train.elastic import job_for_world
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.loop import train
 from sluice.storage.atomic import write_json
@@ -55,8 +55,7 @@ def worker(job_path: str) -> int:
         (out / "pids").mkdir(parents=True, exist_ok=True)
         (out / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
         # a checkpoint of another world size: per-rank sizes so the global batch is kept
-        scale = batch_scale_for(cfg, world)
-        train_job = rescale_job(job, scale, world)
+        train_job, scale = job_for_world(job, world)
         kw = dict(rank=rank, world_size=world, batch_size=cfg.batch_size, seed=cfg.seed)
         loader = train_job.data.build(train=True, **kw)
         ev = job.eval_data.build(train=False, **kw) if job.eval_data else None
@@ -85,13 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     return worker(ap.parse_args(argv).job)
 
 
-if __name__ == "__main__":
-    # run the imported module, not __main__, so the registries are the package's own
-    from sluice.stages.train.worker import main as _main
-    code = _main()
-    # Leave without interpreter/C++ teardown: results are already written atomically, and
-    # destructors of gloo's and the loader's threads can abort a finished rank at exit
-    # ("terminate called without an active exception"), which torchrun reports as a failure.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+if __name__ == "__main__":  # sluice.procs, rule 7: run the imported copy, leave by os._exit
+    from sluice.procs import run_as_imported
+    run_as_imported("sluice.stages.train.worker")

@@ -1,0 +1,171 @@
+"""One optimizer step: schedule, selection, accumulated forward/backward, the agreement across
+ranks, the optimizer (through the GradScaler) and the EMA; it returns the step's metrics record.
+
+The order of the collectives is fixed (DDP's gradient all-reduce on the last micro-batch, then
+one small all-reduce of loss and sample counts): every rank takes the same decisions from the
+same numbers, which is what keeps their weights bitwise identical.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from sluice.errors import NonFiniteLoss
+from sluice.stages.compute import autocast
+from sluice.stages.contracts import Selector
+from sluice.stages.train.parts import TrainParts
+from sluice.stages.train.schedule import momentum_at
+from sluice.stages.train.state import RunState
+
+SampleLog = Callable[[RunState, torch.Tensor], None]
+
+
+def set_schedule(opt: torch.optim.Optimizer, lr: float, momentum: float) -> None:
+    """This step's lr and (one-cycle) momentum, set on every parameter group."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+        if "momentum" in g:  # SGD; AdamW keeps its betas
+            g["momentum"] = momentum
+
+
+@dataclasses.dataclass
+class Tally:
+    """What one step's micro-batches add up to."""
+    data_s: float = 0.0  # waiting for and preparing batches
+    select_s: float = 0.0  # the selector's scoring
+    loss_sum: float = 0.0  # finite micro-batch losses
+    nonfinite: int = 0
+    n_samples: int = 0  # trained (after selection)
+    sel_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # means over micro-batches
+    trained: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)  # to observe
+
+
+def train_step(parts: TrainParts, state: RunState, batches: Iterator[Any], selector: Selector | None,
+               log_samples: SampleLog | None = None, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Take ``accum_steps`` batches from ``batches`` and make one optimizer step.
+
+    ``log_samples`` receives each micro-batch's indices; ``checkpoint`` is named when the loss
+    diverges. Raises ``NonFiniteLoss`` when it does (past fp16's ``max_skipped_steps``).
+    """
+    cfg = parts.cfg
+    t0 = time.perf_counter()
+    lr = state.lr()
+    set_schedule(parts.opt, lr, momentum_at(cfg, state.progress()))
+    tally = Tally()
+    for micro in range(cfg.accum_steps):  # DDP all-reduces the gradients on the last one only
+        micro_batch(parts, state, batches, selector, log_samples, tally,
+                    sync_grads=micro == cfg.accum_steps - 1)
+    stats = agree(parts, tally)
+    if stats[1] > 0:
+        _non_finite(parts, state, checkpoint)
+    else:
+        state.skipped = 0
+        # stateful selectors (importance estimates) learn from the trained samples' losses
+        for indices, losses in tally.trained:  # every rank observes (it may all-gather), or none
+            selector.observe(indices, losses)
+    scale = _optimizer_step(parts, state)
+    step_s = time.perf_counter() - t0
+    state.advance(step_s)
+    return _record(parts, state, stats, lr, step_s, tally, scale)
+
+
+def micro_batch(parts: TrainParts, state: RunState, batches: Iterator[Any], selector: Selector | None,
+                log_samples: SampleLog | None, tally: Tally, sync_grads: bool) -> None:
+    """One micro-batch: prepare, select, forward, backward (gradients accumulate)."""
+    cfg, d = parts.cfg, parts.d
+    td = time.perf_counter()
+    x, y, idx = parts.prep(next(batches))
+    tally.data_s += time.perf_counter() - td
+    if log_samples is not None:
+        log_samples(state, idx)
+    w = None
+    if selector is not None:
+        ts = time.perf_counter()
+        set_progress = getattr(selector, "set_progress", None)  # InfoBatch's annealing
+        if set_progress is not None:
+            set_progress(state.progress())
+        with autocast(cfg.amp, d.device):  # the scoring pass gets AMP's speed too
+            sb = selector(parts.model, x, y, idx)
+        tally.select_s += time.perf_counter() - ts
+        x, y, w = sb.images, sb.labels, sb.weights
+        for k, v in sb.stats.items():
+            tally.sel_stats[k] = tally.sel_stats.get(k, 0.0) + float(v) / cfg.accum_steps
+    sync = parts.ddp.no_sync() if parts.ddp is not None and not sync_grads else contextlib.nullcontext()
+    with sync:
+        with autocast(cfg.amp, d.device):
+            out = parts.fwd(x)
+        per = F.cross_entropy(out.float(), y, reduction="none", label_smoothing=cfg.label_smoothing)
+        loss = (per * w).mean() if w is not None else per.mean()
+        loss = loss if len(per) else per.sum()  # an empty batch (loader.on_corrupt=skip): 0, not NaN
+        parts.scaler.scale(loss / cfg.accum_steps).backward()
+    if getattr(selector, "observe", None) is not None:
+        tally.trained.append((sb.indices, per.detach()))
+    lv = loss.item()
+    tally.nonfinite += 0 if math.isfinite(lv) else 1
+    tally.loss_sum += lv if math.isfinite(lv) else 0.0
+    tally.n_samples += len(y)
+
+
+def agree(parts: TrainParts, tally: Tally) -> torch.Tensor:
+    """[mean loss, non-finite count, samples] over all ranks: one small all-reduce, so every
+    rank takes the same decisions (skip, fail, observe) from the same numbers."""
+    d = parts.d
+    stats = d.tensor([tally.loss_sum / parts.cfg.accum_steps, tally.nonfinite, tally.n_samples])
+    if d.on:
+        dist.all_reduce(stats)
+        stats[0] /= d.world
+    return stats
+
+
+def _optimizer_step(parts: TrainParts, state: RunState) -> float | None:
+    """Clip, step through the scaler, zero the gradients, update the EMA; the scale stepped at."""
+    cfg, scaler = parts.cfg, parts.scaler
+    if cfg.clip_grad_norm:
+        scaler.unscale_(parts.opt)
+        torch.nn.utils.clip_grad_norm_(parts.model.parameters(), cfg.clip_grad_norm)
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(parts.opt)
+    scaler.update()
+    if scale is not None and scaler.get_scale() < scale:  # it found inf/NaN and skipped
+        state.scaler_skips += 1
+    parts.opt.zero_grad(set_to_none=True)
+    if parts.ema is not None:
+        parts.ema.update_parameters(parts.model)
+    return scale
+
+
+def _record(parts: TrainParts, state: RunState, stats: torch.Tensor, lr: float, step_s: float,
+            tally: Tally, scale: float | None) -> dict[str, Any]:
+    """The step's metrics record (its keys and their order are what metrics.jsonl holds)."""
+    d = parts.d
+    sent = parts.hook.take_bytes() if d.on else 0
+    busy = parts.hook.take_busy_s() if d.on else 0.0  # the hook's thread (compress + wire)
+    rec = {"step": state.step, "epoch": state.epoch, "loss": stats[0].item(), "lr": lr,
+           "samples_per_s": stats[2].item() / step_s, "step_s": step_s, "data_s": tally.data_s,
+           "data_wait_frac": tally.data_s / step_s, "select_s": tally.select_s,
+           "bytes_comm": sent, "bytes_uncompressed": parts.full_bytes if d.on else 0,
+           "comm_busy_s": busy,
+           "elapsed_s": state.elapsed}
+    if scale is not None:
+        rec["grad_scale"], rec["skipped_steps"] = scale, state.scaler_skips
+    rec.update({f"select/{k}": v for k, v in tally.sel_stats.items()})
+    return rec
+
+
+def _non_finite(parts: TrainParts, state: RunState, checkpoint: Path | None) -> None:
+    if parts.scaler.is_enabled():  # fp16: the scaler skips this step and lowers the scale
+        state.skipped += 1
+        if state.skipped <= parts.cfg.max_skipped_steps:
+            return
+    where = f"; the last good checkpoint is {checkpoint}" if checkpoint and checkpoint.exists() \
+        else "; no checkpoint was written"
+    raise NonFiniteLoss(f"loss became NaN/inf at step {state.step + 1} (lr {state.lr():.3g}){where}. "
+                        "Lower the lr, enable clip_grad_norm, or check the data")
