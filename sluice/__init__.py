@@ -11,7 +11,8 @@ Everything installed lives under this one package:
 * ``sluice.flows``: the Prefect flows, the pipeline config and the ``sluice`` CLI.
 
 ``sluice.errors`` holds the one error hierarchy; ``sluice.plugins`` the registries through
-which each axis of variation is extended.
+which each axis of variation is extended (and each entry's own params); ``sluice.procs`` every
+rule about forking and spawning processes.
 
 In the repository these packages are the top-level folders ``storage/``, ``stages/`` and
 ``flows/`` (mapped by ``package-dir`` in ``pyproject.toml``); this folder holds only what sits
