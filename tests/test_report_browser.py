@@ -40,7 +40,7 @@ def test_nightly_report_reads_right_in_a_real_browser(prefect_server, tmp_path):
     data = tmp_path / "data"
     sets = {"prepare.ingest.limit": 600, "prepare.shard.workers": 1, "prepare.shard.formats": "[webdataset,dali]",
             "selection.method": "none", "train.max_steps": STEPS, "train.batch_size": 32,
-            "train.comm.start_iter": 5, "nproc": 2}  # tiny: the IL lines are checked in test_report.py
+            "nproc": 2}  # tiny: the IL lines are checked in test_report.py
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", "nightly", "--data-root", str(data)]
     cmd += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     r = subprocess.run(cmd, env=prefect_server.env, cwd=ROOT, capture_output=True, text=True, timeout=600)
