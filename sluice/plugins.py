@@ -23,7 +23,7 @@ import threading
 from importlib import metadata
 from typing import Callable, Generic, Iterator, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sluice.errors import ConfigError
 
@@ -92,16 +92,26 @@ class PluginRegistry(Generic[T]):
         return f"PluginRegistry({self.axis!r}: {', '.join(self.names())})"
 
 
+class EntryParams(BaseModel):
+    """An entry's own knobs (a method's ``selection.params``, a hook's ``train.comm.params``, a
+    backend's ``loader.backend_params.<name>``), declared next to its code as the entry's
+    ``Params``, a subclass of this. This base has none: an entry without knobs refuses any."""
+    model_config = ConfigDict(extra="forbid")
+
+
+def params_model(entry: object) -> type[EntryParams]:
+    """The params model an entry declares (``EntryParams``, no knobs, when it declares none)."""
+    return getattr(entry, "Params", EntryParams)
+
+
 def entry_params(entry: object, name: str, params: dict, what: str) -> dict:
-    """``params`` checked against the ``Params`` model an entry declares beside its code, defaults
-    filled in (so a resolved config shows every knob); an entry without one takes none. Raises
-    ValueError naming the bad knob and the ones the entry takes."""
+    """``params`` checked against the entry's params model, defaults filled in (so a resolved
+    config shows every knob). Raises ValueError naming the bad knob and the ones the entry takes."""
     model = getattr(entry, "Params", None)
-    if model is None:
+    if model is None:  # an entry that declares no params model at all
         if params:
             raise ValueError(f"{what} {name!r} takes no params, got {sorted(params)}")
         return {}
-    assert issubclass(model, BaseModel)
     try:
         return model.model_validate(params).model_dump(mode="json")
     except ValidationError as e:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from sluice.errors import SelectionError
-from sluice.plugins import PluginRegistry
+from sluice.plugins import EntryParams, PluginRegistry
 from sluice.stages.contracts import SelectedBatch
 
 if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
@@ -32,10 +32,8 @@ SELECTION_METHODS: PluginRegistry[type["BaseSelector"]] = PluginRegistry(
     "selection_methods", "selection method")
 
 
-class MethodParams(BaseModel):
-    """A method's own knobs (``selection.params``), declared next to its code: each method's
-    ``Params`` subclasses this. The base has none, so a method without knobs refuses any."""
-    model_config = ConfigDict(extra="forbid")
+class MethodParams(EntryParams):
+    """A selection method's own knobs (``selection.params``); the base has none."""
 
 
 class ScoringParams(MethodParams):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.errors import SelectionError
-from sluice.plugins import entry_params
+from sluice.plugins import entry_params, params_model
 from sluice.stages.models import MODELS
 from sluice.stages.select.base import SELECTION_METHODS, MethodParams
 
@@ -49,10 +49,6 @@ class ILModelConfig(BaseModel):
         return MODELS.validate(v)
 
 
-def _params_model(method: str) -> type[MethodParams]:
-    return getattr(SELECTION_METHODS.get(method), "Params", MethodParams)
-
-
 class SelectionConfig(BaseModel):
     """The selection method and its knobs: the same shape from YAML, Prefect or Python."""
     model_config = ConfigDict(extra="forbid")
@@ -85,8 +81,8 @@ class SelectionConfig(BaseModel):
     @property
     def method_params(self) -> MethodParams:
         """The method's params as its typed model (``selection.params``)."""
-        return _params_model(self.method).model_validate(self.params) if self.method != "none" \
-            else MethodParams()
+        return params_model(SELECTION_METHODS.get(self.method)).model_validate(self.params) \
+            if self.method != "none" else MethodParams()
 
     @property
     def needs_il(self) -> bool:

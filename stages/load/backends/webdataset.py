@@ -11,9 +11,10 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from sluice.errors import ArtifactError, SluiceError, require
+from sluice.plugins import EntryParams
 from sluice.procs import fork_safe
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
                                               decoded_sample_bytes)
@@ -39,9 +40,8 @@ class _IndexedTarDataset(torch.utils.data.Dataset):
         return x, self.labels[batch], batch, dict(self.si.timings), damage
 
 
-class WebDatasetParams(BaseModel):
+class WebDatasetParams(EntryParams):
     """``loader.backend_params.webdataset``."""
-    model_config = ConfigDict(extra="forbid")
     streaming: bool = Field(False, description="plain WebDataset streaming with shard shuffle: inexact "
                             "order, resume only at epoch boundaries")
     shuffle_buffer: int = Field(1000, ge=1, description="streaming: samples in WebDataset's shuffle buffer")

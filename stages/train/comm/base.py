@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
 
-from sluice.plugins import PluginRegistry
+from sluice.plugins import EntryParams, PluginRegistry
 
 if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
     from sluice.stages.train.config import CommConfig
@@ -45,10 +44,8 @@ def uncompressed_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-class HookParams(BaseModel):
-    """A hook's own knobs (``train.comm.params``), declared next to its code: each hook's
-    ``Params`` subclasses this. The base has none, so a hook without knobs refuses any."""
-    model_config = ConfigDict(extra="forbid")
+class HookParams(EntryParams):
+    """A compression hook's own knobs (``train.comm.params``); the base has none."""
 
 
 class CommHook:
@@ -59,6 +56,7 @@ class CommHook:
     own all-reduce is fastest when nothing is compressed).
     """
     installs_hook = True
+    compresses_from: int | None = None  # the first step whose gradients travel compressed (None: never)
     Params: type[HookParams] = HookParams  # this hook's knobs (train.comm.params)
 
     def __init__(self, config: "CommConfig", seed: int = 0, group: Any = None):
