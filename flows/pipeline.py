@@ -33,7 +33,7 @@ def _method_needs_il(selection: Any) -> bool:
 
 def _device_wants_cuda(train: Any) -> bool:
     device = train.device if isinstance(train, BaseModel) else (train or {}).get("device", "auto")
-    return device in ("auto", "cpu", "cuda") and wants_cuda(TrainConfig(device=device))
+    return wants_cuda(device)
 
 
 class PipelineConfig(BaseModel):

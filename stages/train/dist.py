@@ -28,13 +28,14 @@ class DistContext:
         return torch.tensor(values, dtype=torch.float64, device=self.device)
 
 
-def wants_cuda(cfg: TrainConfig) -> bool:
-    return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+def wants_cuda(device: str) -> bool:
+    """Whether a ``train.device`` setting (auto, cpu, cuda) trains on CUDA here."""
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
 def dist_context(cfg: TrainConfig) -> DistContext:
     """This process's rank, world and device (CUDA per ``LOCAL_RANK``), checked against ``cfg``."""
-    want_cuda = wants_cuda(cfg)
+    want_cuda = wants_cuda(cfg.device)
     if want_cuda and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but CUDA is not available")
     if cfg.amp == "fp16" and not want_cuda:
@@ -54,7 +55,7 @@ def init_process_group(cfg: TrainConfig) -> None:
     """Join torchrun's group (gloo on CPU, nccl on CUDA); nothing to do for one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return
-    backend = "nccl" if wants_cuda(cfg) else "gloo"
+    backend = "nccl" if wants_cuda(cfg.device) else "gloo"
     timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # After torchrun restarts a group (a rank was killed), peers could read the dead

@@ -118,8 +118,9 @@ def summarize(parts: TrainParts, state: RunState, records: list[dict[str, Any]],
                              "choice": getattr(loader, "backend_reason", None),
                              **{k: v for k, v in bottleneck().items() if k in ("verdict", "summary")},
                              "corrupt_skipped": corrupt_skipped(loader, d)}  # every rank's, summed
-    if cfg.comm.mode == "powersgd":  # the compressed phase only
-        late = [m["bytes_comm"] for m in ms if m["step"] > parts.hook.params.start_iter]
+    start = getattr(parts.hook, "compresses_from", None)
+    if start is not None:  # a hook that starts compressing later: its compressed phase only
+        late = [m["bytes_comm"] for m in ms if m["step"] >= start]
         if late:
             summary["bytes_per_step_compressed_phase"] = sum(late) / len(late)
     return summary

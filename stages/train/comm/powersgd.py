@@ -45,6 +45,7 @@ class PowerSGDHook(CommHook):
     def __init__(self, config, seed: int = 0, group: Any = None):
         super().__init__(config, seed, group)
         self.rank = self.params.rank
+        self.compresses_from = self.params.start_iter + 1
         self.wire_dtype = WIRE_DTYPES[self.params.dtype]
         self.errors: dict[int, torch.Tensor] = {}  # per parameter (index in the model)
         self.qs: dict[int, torch.Tensor] = {}
