@@ -26,14 +26,18 @@ def watch_progress(metrics: Path, log: Log, every_s: float = 15.0) -> Iterator[N
     stop = threading.Event()
 
     def watch() -> None:
-        seen = 0
+        pos = 0  # bytes of whole lines read so far: each tick reads only what was appended
         while not stop.wait(every_s):
             if not metrics.exists():
                 continue
-            lines = metrics.read_text().splitlines()
-            steps = [json.loads(x) for x in lines[seen:] if x.startswith('{"step"')]
-            evals = [json.loads(x)["eval"] for x in lines[seen:] if x.startswith('{"eval"')]
-            seen = len(lines)
+            with metrics.open("rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+            complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits
+            pos += len(complete)
+            lines = complete.decode().splitlines()
+            steps = [json.loads(x) for x in lines if x.startswith('{"step"')]
+            evals = [json.loads(x)["eval"] for x in lines if x.startswith('{"eval"')]
             if steps:
                 m = steps[-1]
                 log(f"training: step {m['step']} epoch {m['epoch']} loss {m['loss']:.4f} "
