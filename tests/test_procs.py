@@ -1,6 +1,7 @@
 """The process rules of ``sluice.procs``, each against the failure it is there to prevent."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import os
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procwatch import lock_free_in_a_child_forked_inside
 
 from sluice.procs import (describe_exit, fork_safe, helper_thread, in_helper_thread, parent_only_fd,
                           stop_group)
@@ -49,28 +51,13 @@ def test_a_child_forked_while_a_lock_is_held_has_no_copy_of_it(tmp_path):
     """Rule 5: an flock belongs to the open file, which a fork shares; the child closes its copy
     at once, so the lock is free as soon as the parent lets go."""
     path = tmp_path / "lock"
-    r, w = os.pipe()
-    with parent_only_fd(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC) as fd:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        pid = os.fork()
-        if pid == 0:  # the child: no copy of fd; once the parent lets go, the lock is free
-            code = 1
-            try:
-                try:
-                    os.fstat(fd)
-                    code = 2  # still open in the child
-                except OSError:
-                    os.read(r, 1)
-                    other = os.open(path, os.O_RDWR)
-                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    code = 0
-            except BlockingIOError:
-                code = 3
-            finally:
-                os._exit(code)
-    os.write(w, b"x")
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child kept the parent's lock descriptor"
+
+    @contextlib.contextmanager
+    def held():
+        with parent_only_fd(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC) as fd:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+    assert lock_free_in_a_child_forked_inside(held(), path) == 0, "the child kept the parent's lock descriptor"
 
 
 def _gone(pid: int, timeout: float = 5.0) -> bool:

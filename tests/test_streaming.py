@@ -133,28 +133,11 @@ def test_a_process_forked_while_the_cache_holds_a_lock_does_not_keep_it(tmp_path
     """DataLoader workers fork while the prefetch thread may hold a fetch lock: the child's
     inherited copy must not keep the lock held after the parent lets go (it did, and the
     worker then waited on it forever)."""
-    import fcntl
-    import os
+    from procwatch import lock_free_in_a_child_forked_inside
     from sluice.storage.cache import ArtifactCache
     cache = ArtifactCache(str(tmp_path / "remote"), "f" * 16, tmp_path / "cache")
-    r, w = os.pipe()
-    with cache._lock("file-x"):
-        pid = os.fork()
-        if pid == 0:  # the child: wait until the parent has let go, then try to take the lock
-            code = 1
-            try:
-                os.read(r, 1)
-                fd = os.open(cache.dir / ".locks" / "file-x", os.O_RDWR)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    code = 0
-                except BlockingIOError:
-                    code = 3
-            finally:
-                os._exit(code)
-    os.write(w, b"x")
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the forked child still holds the parent's lock"
+    assert lock_free_in_a_child_forked_inside(cache._lock("file-x"), cache.dir / ".locks" / "file-x") == 0, \
+        "the forked child still holds the parent's lock"
 
 
 def test_the_loader_bottleneck_reaches_the_training_summary_and_the_nightly_report(fmnist_artifact):

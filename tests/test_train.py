@@ -158,7 +158,7 @@ def test_time_budget_stops_and_decays_lr(fmnist, max_steps):
     tr, _ = loaders(fmnist)
     c = cfg(max_steps=max_steps, max_seconds=0.3, schedule="linear", warmup_fraction=0.0)
     r = train(c, tr)
-    assert r.summary["stopped_by"] == "max_seconds" and r.summary["elapsed_s"] >= 0.3
+    assert r.summary["stopped_by"] == "max_seconds"
     assert 1 <= r.steps < (max_steps or float("inf"))
     before = [0.0] + [m["elapsed_s"] for m in r.metrics[:-1]]  # the clock when each step began
     assert [m["lr"] for m in r.metrics] == [
