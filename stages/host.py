@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from sluice.errors import ConfigError
+
 HostClass = Literal["cuda", "amx", "avx512_bf16", "avx2"]
 
 
@@ -31,6 +33,7 @@ class HostDefaults:
     amp: Literal["none", "bf16", "fp16"]
     threads_per_rank: int  # ranks = cores / threads_per_rank (``nproc: auto``)
     batch_per_rank: int
+    log_every_steps: int = 1  # a step's metrics are read on the host every N steps (a device sync)
 
 
 # One rank per core, each single-threaded, 64 samples per rank on both CPU classes. The trainer's
@@ -46,7 +49,8 @@ HOST_DEFAULTS: dict[str, HostDefaults] = {
     # cuda: fp16 where the GPU has no bf16. 256 per rank cut an H100 epoch to a third but reached 93% in
     # the recipe's 5.5 epochs on 1 seed of 3 (gpu_batch_ab.json); 64 reached it on all 3, at ~3x the
     # plain baseline's time (gpu.json)
-    "cuda": HostDefaults("bf16", 1, 64),
+    # the metrics are read every 50 steps, so a step never waits on the host in between
+    "cuda": HostDefaults("bf16", 1, 64, log_every_steps=50),
 }
 
 
@@ -67,11 +71,57 @@ def cpu_class() -> HostClass:
                     supported("_is_avx512_bf16_supported"), supported("_is_amx_tile_supported"))
 
 
-def threads_per_rank(ranks: int) -> int:
-    """Torch threads for each of ``ranks`` processes sharing the cores this process may run on (a
-    node pinned by taskset has fewer than the host)."""
+def usable_cores() -> int:
+    """The cores this process may run on (a node pinned by taskset has fewer than the host): the
+    one core count every default that scales with the machine reads."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // ranks)
+    return max(1, cores or 1)
+
+
+def threads_per_rank(ranks: int) -> int:
+    """Torch threads for each of ``ranks`` processes sharing this process's cores."""
+    return max(1, usable_cores() // max(1, ranks))
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process can see (``CUDA_VISIBLE_DEVICES`` counts); 0 without CUDA."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def ranks_for(nproc: int | str, *, cuda: bool, gpus: int, cores: int, pinned: list[int | None] = ()) -> int:
+    """How many training ranks ``nproc`` means on one machine: an explicit number as given; auto
+    = one per visible GPU when training on CUDA, else one single-threaded rank per core (per
+    node with pinned cores: the fewest any node is pinned to). The counts are arguments, so the
+    rule is testable on any machine. A CUDA run with more ranks than GPUs is refused: each rank
+    owns one device."""
+    if nproc == "auto":
+        if cuda:
+            if gpus < 1:
+                raise ConfigError("train.device resolves to CUDA but no GPU is visible "
+                                  "(set train.device: cpu, or check CUDA_VISIBLE_DEVICES)")
+            return gpus
+        per_rank = HOST_DEFAULTS[cpu_class()].threads_per_rank
+        if pinned and None not in pinned:
+            return max(1, min(pinned) // per_rank)  # type: ignore[type-var]
+        return max(1, cores // per_rank)
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ConfigError(f"nproc must be >= 1 or 'auto', got {nproc!r}")
+    if cuda and not pinned and 0 < gpus < nproc:
+        raise ConfigError(f"nproc={nproc} ranks but {gpus} GPU{'s' if gpus != 1 else ''} visible: each CUDA "
+                          f"rank needs its own device (nproc: auto runs one per GPU)")
+    return nproc
+
+
+def rank_device(cuda: bool, local_rank: int) -> torch.device:
+    """The device rank ``local_rank`` of this machine computes on: its own GPU, or the CPU."""
+    return torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+
+def gpu_name(index: int = 0) -> str:
+    """A GPU's short name ("H100" of "NVIDIA H100 80GB HBM3"), for the one-line description."""
+    name = torch.cuda.get_device_name(index)
+    words = [w for w in name.replace("NVIDIA", "").split() if w]
+    return words[0] if words else name
 
 
 def host_class(device: torch.device | str = "cpu") -> HostClass:
@@ -84,7 +134,12 @@ def defaults_for(device: torch.device | str = "cpu") -> HostDefaults:
     return HOST_DEFAULTS[host_class(device)]
 
 
-def describe(cls: str, amp: str, ranks: int, threads: int, batch_per_rank: int) -> str:
-    """One line saying what a run resolved on its host class."""
-    return (f"{cls}: {'fp32' if amp == 'none' else amp}, {ranks} rank{'s' if ranks != 1 else ''} x {threads} "
+def describe(cls: str, amp: str, ranks: int, threads: int, batch_per_rank: int, *,
+             gpus: str | None = None, loader_device: str | None = None) -> str:
+    """One line saying what a run resolved on its host class: "avx2: fp32, 2 ranks x 1 thread, 64
+    per rank" on CPUs; on CUDA "cuda: 1 × H100, bf16, 1 rank x 16 threads, 64 per rank, loader on
+    cuda:0" (``gpus``: "1 × H100"; ``loader_device``: rank 0's loader)."""
+    prec = "fp32" if amp == "none" else amp
+    line = (f"{cls}: {gpus + ', ' if gpus else ''}{prec}, {ranks} rank{'s' if ranks != 1 else ''} x {threads} "
             f"thread{'s' if threads != 1 else ''}, {batch_per_rank} per rank")
+    return line + (f", loader on {loader_device}" if loader_device else "")

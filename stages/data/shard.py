@@ -51,6 +51,7 @@ from sluice.storage.manifest import (MAX_ANCESTORS, SCHEMA_VERSION, SPLITS, Dama
 from sluice.storage.paths import filesystem, is_local, join, local_path
 from sluice.storage.sums import KIND as SUMS_KIND
 from sluice.storage.sums import SUMS_NAME, make_sums
+from sluice.stages.host import usable_cores
 
 __all__ = ["PrepareConfig", "ShardConfig", "IngestConfig", "ShardSummary", "shard_dataset",
            "dataset_fingerprint", "write_shard_from_spec"]
@@ -198,7 +199,7 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str, work: P
     fresh = not work.exists()
     work.mkdir(parents=True, exist_ok=True)
     atomic.remove_stale_temps(work)
-    workers = cfg.workers or os.cpu_count() or 1
+    workers = cfg.workers or usable_cores()
     job = ShardJob(src, cfg, src.num_classes())
     try:
         splits = plan_splits(src, ingest)

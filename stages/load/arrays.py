@@ -24,6 +24,7 @@ from sluice.stages.data.sources.idx import read_idx
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
+from sluice.stages.host import usable_cores
 
 
 class ArrayLoader:
@@ -142,7 +143,7 @@ def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str,
     if split in art.manifest.splits and art.manifest.split(split).count == 0:
         raise ArtifactError(f"split {split!r} of {art.root} is empty" + (
             " (shard with prepare.ingest.holdout_fraction > 0 for a holdout)" if split == "holdout" else ""))
-    be = _memory_backend()(art, split, os.cpu_count() or 1)
+    be = _memory_backend()(art, split, usable_cores())
     if live_only and art.manifest.split(split).removed:
         live = art.live(split)
         return be.images[live], be.labels[live]

@@ -12,6 +12,10 @@ of two headrooms, each already net of what this process (and its neighbours) hol
 The loader may use ``fraction`` of that headroom (half by default: batches in flight, the model
 and the page cache need the rest). ``MemoryBudget.explain()`` says where the number came from;
 the loader's ``auto`` backend choice quotes it in ``profile_report()``.
+
+A GPU has a budget of its own (``device_placement``): the memory backend keeps a decoded split
+on the device when it fits ``fraction`` of the device's free memory (``torch.cuda.mem_get_info``),
+or ``loader.device_memory_budget_bytes``; the model and its activations need the rest.
 """
 from __future__ import annotations
 
@@ -177,3 +181,53 @@ def memory_budget(fraction: float = DEFAULT_FRACTION) -> MemoryBudget:
     rooms = [r for r in (cg.headroom if cg else None, host) if r is not None]
     headroom = min(rooms) if rooms else 8 << 30
     return MemoryBudget(int(headroom * fraction), headroom, host, cg, process_rss(), fraction)
+
+
+# ---- the device's budget: whether a decoded split may live on the GPU ----------------------
+
+@dataclass(frozen=True)
+class DevicePlacement:
+    """Whether a split of ``need`` bytes stays on the device, and the budget that decided it."""
+    on_device: bool
+    need: int
+    budget: int
+    free: int | None  # the device's free memory when asked (None: not read, an override decided)
+    fraction: float
+    override: bool  # loader.device_memory_budget_bytes set the budget
+
+    def explain(self) -> str:
+        if self.override:
+            source = f"loader.device_memory_budget_bytes {_gb(self.budget)}"
+        elif self.free is None:
+            source = "no free-memory reading from the device"
+        else:
+            source = f"device memory budget {_gb(self.budget)} = {self.fraction:g} × free {_gb(self.free)}"
+        verdict = "within" if self.on_device else "more than"
+        return f"the decoded split ({_gb(self.need)}) is {verdict} the {source}"
+
+
+def device_placement(need: int, free: int | None, override: int | None = None,
+                     fraction: float = DEFAULT_FRACTION) -> DevicePlacement:
+    """Keep a decoded split of ``need`` bytes on the device when it fits ``fraction`` of the
+    device's ``free`` bytes (the model, activations and batches in flight need the rest), or
+    ``override`` where given. Takes free bytes, not a device, so it is decided the same way
+    (and tested) anywhere."""
+    if override is not None:
+        budget = int(override)
+    else:
+        budget = int(free * fraction) if free is not None else 0
+    return DevicePlacement(need <= budget, int(need), budget, free, fraction, override is not None)
+
+
+def device_free_bytes(device) -> int | None:
+    """Free memory on a CUDA ``device``: the driver's (``torch.cuda.mem_get_info``) plus what
+    PyTorch's caching allocator holds unused (free to it, counted as used by the driver); None
+    off CUDA."""
+    import torch  # the host budget above needs no torch
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    with torch.cuda.device(device):
+        free, _total = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + max(0, cached))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sluice.plugins import entry_params
@@ -32,7 +33,10 @@ class LoaderConfig(BaseModel):
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     augment: AugmentSpec | None = None
     resolution: ResolutionSchedule | None = None
-    device: str = "cpu"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="where batches are made and augmented: auto = the rank's training device "
+                        "when the trainer builds the loader (so decode-side work runs on the GPU a rank trains "
+                        "on), else cpu; cpu; cuda (the current device); cuda:N")
     workers: int | None = Field(None, ge=0, description="decode workers; default: the machine's cores")
     prefetch: int = Field(3, ge=0, description="batches prepared ahead in a background thread")
     verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")
@@ -45,6 +49,9 @@ class LoaderConfig(BaseModel):
         "beside its code, and used when that backend is the one chosen (also through auto)")
     memory_budget_bytes: int | None = Field(None, description="default: half the tighter of the cgroup's and "
                                             "the host's free memory (stages/load/budget.py)")
+    device_memory_budget_bytes: int | None = Field(
+        None, ge=0, description="the memory backend on CUDA keeps the decoded split on the GPU when it fits "
+        "this; default: half the device's free memory (stages/load/budget.py)")
     cache: CacheConfig = Field(default_factory=CacheConfig)
     seed: int = 0
 
@@ -64,3 +71,16 @@ class LoaderConfig(BaseModel):
         """``backend``'s knobs: the ones given for it, over its Params model's defaults."""
         return self.backend_params.get(backend) or entry_params(LOADER_BACKENDS.get(backend), backend, {},
                                                                 "loader backend")
+
+
+def loader_device(setting: str, training: torch.device | None = None) -> torch.device:
+    """The device a loader with ``device: setting`` makes batches on: ``auto`` follows the
+    training device it is built for (the CPU when built on its own); a bare ``cuda`` is the
+    training rank's own GPU when that is CUDA, else the current one. An explicit index wins."""
+    if setting == "auto":
+        return training if training is not None else torch.device("cpu")
+    if setting == "cuda":
+        if training is not None and training.type == "cuda":
+            return training
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
+    return torch.device(setting)

@@ -30,14 +30,16 @@ from sluice.errors import ArtifactError
 from sluice.stages.contracts import Batch, Sampler
 from sluice.stages.load.augment import TorchAugment
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
+from sluice.stages.load.backends.base import rank_device
 from sluice.stages.load.choice import resolve_backend
-from sluice.stages.load.config import LoaderConfig
+from sluice.stages.load.config import LoaderConfig, loader_device
 from sluice.stages.load.on_device import OnStream, check_resolution, device_batches
 from sluice.stages.load.order import EpochOrder, check_state
 from sluice.stages.load.prefetch import prefetched
 from sluice.stages.load.profile import STAGE_KINDS, bottleneck, gather_profile, profile_report
 from sluice.stages.load.remote import prefetch_shards
 from sluice.storage.artifact import DatasetArtifact, open_artifact
+from sluice.stages.host import usable_cores
 
 # Importable from here as before: the backend choice and the profile's verdict.
 __all__ = ["Loader", "resolve_backend", "bottleneck", "STAGE_KINDS"]
@@ -49,12 +51,15 @@ class Loader:
     ``rank``/``world_size`` give this process a disjoint, equal-length slice of every epoch.
     ``scores`` supplies the weighted/curriculum sampler's per-sample array (else
     ``sampler.scores``); ``custom_sampler`` (any object with ``__len__`` and ``epoch_order``)
-    replaces the configured sampler outright. Other keyword arguments override config fields.
+    replaces the configured sampler outright. ``device`` is the training device the loader feeds
+    (what ``device: auto`` follows; the trainer's worker passes the rank's). Other keyword
+    arguments override config fields.
     """
 
     def __init__(self, artifact: str | os.PathLike | DatasetArtifact, config: LoaderConfig | dict | None = None, *,
                  rank: int = 0, world_size: int = 1, scores: np.ndarray | None = None,
-                 custom_sampler: Sampler | None = None, **overrides: Any):
+                 custom_sampler: Sampler | None = None, device: torch.device | None = None,
+                 **overrides: Any):
         cfg = config if isinstance(config, LoaderConfig) else LoaderConfig.model_validate(config or {})
         if overrides:  # validated as fields (a dict for `cache` or `sampler` becomes its model)
             cfg = LoaderConfig.model_validate({**dict(cfg), **overrides})
@@ -72,8 +77,8 @@ class Loader:
             self.artifact.verify([cfg.split], deep=cfg.verify == "full")
         check_resolution(cfg, self.artifact)
         self.rank, self.world_size = rank, world_size
-        self.device = torch.device(cfg.device)
-        self.workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
+        self.device = loader_device(cfg.device, device)
+        self.workers = cfg.workers if cfg.workers is not None else usable_cores()
         # A version that removed samples keeps their indices: no order may hold them.
         live = self.artifact.live(cfg.split) if m.splits[cfg.split].removed else None
         self.order = EpochOrder(cfg, self.n, [sh.count for sh in m.splits[cfg.split].shards], live,
@@ -126,8 +131,14 @@ class Loader:
         from a helper thread: ``sluice.procs``, rule 2)."""
         if self._backend is None:
             cls = LOADER_BACKENDS.get(self.backend_name)
+            # cuda:i, resolved here in the caller's thread (a helper thread's current device is
+            # cuda:0): the backend, the side stream and the hand-over all use this rank's GPU.
+            self.device = rank_device(self.device)
             self._backend = cls.open(self.artifact, self.config.split, self.config, self.device,
                                      self.workers)
+            placement = getattr(self._backend, "placement", "")
+            if placement:  # where the backend keeps what it holds (the GPU or pinned RAM), and why
+                self.backend_reason = f"{self.backend_reason}; {placement}"
         return self._backend
 
     # ------------------------------------------------------------------ the pipeline

@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # annotations only
 # Each profiled stage is work of one kind: storage reads, decoding, or our own compute.
 STAGE_KINDS = {"read": "storage", "decode": "decode", "decode+augment": "decode",
                "read+decode": "storage+decode", "augment": "compute", "transfer": "compute",
-               "gather": "compute", "check": "compute"}
+               "gather": "compute", "check": "compute",
+               "upload": "compute"}  # upload: a split copied to the GPU once, to stay there
 
 
 def gather_profile(backend: Backend | None, timings: Timings, samples: int, wall: float) -> dict[str, float]:

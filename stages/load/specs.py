@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Union
 
 import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice.stages.contracts import ResumableLoader
@@ -28,9 +29,9 @@ class ArtifactData(BaseModel):
     scores: str | None = Field(None, description=".npy of per-sample scores for the sampler")
 
     def build(self, *, rank: int, world_size: int, seed: int, train: bool,
-              batch_size: int | None = None) -> ResumableLoader:
+              batch_size: int | None = None, device: torch.device | None = None) -> ResumableLoader:
         scores = np.load(self.scores, allow_pickle=False) if self.scores else None
-        return Loader(self.root, self.loader, rank=rank, world_size=world_size, scores=scores)
+        return Loader(self.root, self.loader, rank=rank, world_size=world_size, scores=scores, device=device)
 
 
 class ArraysData(BaseModel):
@@ -45,7 +46,7 @@ class ArraysData(BaseModel):
     delay_s: float = Field(0.0, ge=0, description="simulated storage latency per batch")
 
     def build(self, *, rank: int, world_size: int, seed: int, train: bool,
-              batch_size: int | None = None) -> ResumableLoader:
+              batch_size: int | None = None, device: torch.device | None = None) -> ResumableLoader:
         images, labels = named_arrays(self.path)
         if self.limit:
             images, labels = images[:self.limit], labels[:self.limit]

@@ -41,6 +41,16 @@ def decoded_sample_bytes(artifact: DatasetArtifact) -> int | None:
     return None if shape is None else int(np.prod(shape))
 
 
+def rank_device(device: str | torch.device) -> torch.device:
+    """``device`` with its index: a bare ``cuda`` is the device this rank set as current, so
+    streams, pinned buffers and allocations made later (from any thread) land on it, not cuda:0.
+    Resolve it in the caller's thread: a helper thread's current device is cuda:0."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class Backend:
     """Reads one split of an artifact in any order. Subclasses set ``name`` and implement
     ``open`` and ``epoch``."""
@@ -52,6 +62,9 @@ class Backend:
     forks_per_epoch: bool = False
     reads_shards: ClassVar[bool] = False  # reads the tar shards by sample (remote: prefetch them)
     holds: ClassVar[str] = "the batches in flight"  # what working_bytes counts, said in auto's reason
+    # Where the backend keeps what it holds and why (the memory backend: on the GPU or in pinned
+    # host RAM); the loader appends it to its backend reason, so profile_report() shows it.
+    placement: str = ""
     timings: Timings
 
     @classmethod

@@ -9,7 +9,6 @@ range, and each batch takes its rows from every part's stream and puts them back
 positions in the order. A split of one part reads its stream as it comes, no reassembly."""
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterator
 
@@ -24,6 +23,7 @@ from sluice.stages.load.readahead import Readahead
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.manifest import FfcvPart
 from sluice.storage.sums import row_sums
+from sluice.stages.host import usable_cores
 
 # One part's rows of a batch: images, labels and indices as their records hold them, the CRC-32
 # of each image's stored bytes (None: unchecked) and whether its record points at stored bytes.
@@ -329,7 +329,7 @@ def keep_torch_threads() -> None:
         return
 
     def set_num_threads(cls, n: int) -> None:
-        n = n if n >= 1 else (os.cpu_count() or 1)
+        n = n if n >= 1 else usable_cores()
         cls.num_threads = n
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     Compiler.set_num_threads = classmethod(set_num_threads)

@@ -4,7 +4,6 @@ WebDataset streaming with shard shuffle."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import zlib
 from typing import Iterator
@@ -22,6 +21,7 @@ from sluice.stages.load.decode import opencv, pixels_batch
 from sluice.stages.load.integrity import Damage, Guard, mismatch
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.storage.artifact import DatasetArtifact
+from sluice.stages.host import usable_cores
 
 
 class _IndexedTarDataset(torch.utils.data.Dataset):
@@ -68,7 +68,7 @@ class WebDatasetBackend(Backend):
         """The batches the DataLoader workers keep ready, plus the one being augmented and the
         caller's (a backend that forks its workers runs without the loader's prefetch thread)."""
         sample = decoded_sample_bytes(artifact)
-        workers = config.workers if config.workers is not None else (os.cpu_count() or 1)
+        workers = config.workers if config.workers is not None else usable_cores()
         return None if sample is None else (workers * cls.batches_per_worker + 2) * config.batch_size * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, streaming: bool = False,
