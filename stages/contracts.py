@@ -9,6 +9,7 @@ anything that honours :class:`ResumableLoader` and :class:`Selector` (``sluice.s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import MutableMapping
 from typing import Any, Iterator, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -23,15 +24,66 @@ class Batch(NamedTuple):
     indices: torch.Tensor
 
 
+class SelectionStats(MutableMapping):
+    """A selector's statistics, whose values may be (0-dim) device tensors.
+
+    Reading them would make selection wait for the device, so the training loop takes them as
+    they are (``raw``), averages them on the device and reads them with its metrics record.
+    Reading a value here (a script, a test) materialises every tensor at once, as floats.
+    """
+
+    def __init__(self, values: dict[str, float | torch.Tensor] | None = None):
+        self._values: dict[str, float | torch.Tensor] = dict(values or {})
+
+    def raw(self) -> dict[str, float | torch.Tensor]:
+        """The values as given: floats and unread tensors."""
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        v = self._values[key]
+        if isinstance(v, torch.Tensor):
+            self._materialise()
+        return self._values[key]
+
+    def _materialise(self) -> None:
+        keys = [k for k, v in self._values.items() if isinstance(v, torch.Tensor)]
+        dev = self._values[keys[0]].device
+        read = torch.stack([self._values[k].detach().reshape(()).to(dev, torch.float64)
+                            for k in keys]).tolist()
+        self._values.update(zip(keys, read))
+
+    def __setitem__(self, key: str, value: float | torch.Tensor) -> None:
+        self._values[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"SelectionStats({self._values!r})"
+
+
+def raw_stats(stats: Any) -> dict[str, float | torch.Tensor]:
+    """A selector's statistics without reading any device tensor among them."""
+    return stats.raw() if isinstance(stats, SelectionStats) else dict(stats)
+
+
 @dataclasses.dataclass
 class SelectedBatch:
     """What a selector returns: the samples to train on, optional per-sample loss weights
-    (the loop then minimises ``(per_sample_loss * weights).mean()``), and statistics."""
+    (the loop then minimises ``(per_sample_loss * weights).mean()``), and statistics: floats or
+    0-dim tensors (on any device), which the loop averages on the device and reads only with
+    its metrics record (``log_every_steps``), so a selector need not wait for the device."""
     images: torch.Tensor
     labels: torch.Tensor
     indices: torch.Tensor
     weights: torch.Tensor | None = None
-    stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    stats: MutableMapping = dataclasses.field(default_factory=dict)
 
 
 @runtime_checkable
@@ -61,9 +113,10 @@ class Selector(Protocol):
     """``selector(model, images, labels, indices) -> SelectedBatch``: picks what to train on.
 
     Images are on the model's device, float and normalised; indices are split indices. Optional
-    methods the loop calls when present: ``observe(indices, losses)`` after every step whose
-    losses were finite on all ranks (loss tables, importance estimates; it may all-gather, so
-    every rank calls it); ``set_progress(fraction)`` before each selection with the fraction of
+    methods the loop calls when present: ``observe(indices, losses)`` after every step, on
+    every rank (loss tables, importance estimates; it may all-gather), with the losses left on
+    the device: a loss that is NaN/inf (all of a step's, when any rank's loss was) must leave
+    its entry unchanged, decided on the device, so the loop never waits to know; ``set_progress(fraction)`` before each selection with the fraction of
     the budget done; ``state_dict()`` / ``load_state_dict()`` for the rank's checkpoint part.
     """
     def __call__(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,

@@ -339,3 +339,43 @@ def test_dali_gpu_operators_apply_the_torch_draws(rgb_artifact):
     finally:
         be.close()
         gc.collect()
+
+
+# ---- 8. a training step never waits on the host ------------------------------------------------
+
+@gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_steps_between_logs_never_synchronize(monkeypatch):
+    """test_step_syncs.py's steps on CUDA (bf16, InfoBatch, EMA, clipping, accumulation), each
+    step that is not logged under ``torch.cuda.set_sync_debug_mode("error")``: any host sync in
+    it raises. The first step is exempt (it moves InfoBatch's table to the GPU and warms up)."""
+    import contextlib
+
+    from sluice.stages.load.arrays import fashion_mnist
+    from test_step_syncs import EVERY, N, STEPS, sync_free_run
+
+    strict_steps: list[int] = []
+
+    def strict(step, run):
+        if step == 1 or step % EVERY == 0:
+            return run(contextlib.nullcontext)
+
+        @contextlib.contextmanager
+        def pause():  # the loader's batches come from host memory
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = run(pause)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        strict_steps.append(step)
+        return out
+    x, y = fashion_mnist("train")
+    r = sync_free_run((x[:N], y[:N]), "cuda", strict, monkeypatch, amp="bf16")
+    assert strict_steps == [s for s in range(2, STEPS + 1) if s % EVERY]
+    assert [m["step"] for m in r.metrics] == [EVERY, 2 * EVERY]
+    assert all(np.isfinite(m["loss"]) for m in r.metrics)

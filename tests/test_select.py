@@ -160,8 +160,11 @@ def test_importance_selector_weights_and_observe():
     sel.observe(torch.tensor([0, 1]), torch.tensor([3.0, 1.0]))
     w = sel(None, x, y, torch.tensor([0, 1, 2, 3])).weights
     assert w[0] < w[1] and w[2] == w[3]                  # unseen samples take the mean estimate
-    with pytest.raises(SelectionError, match="NaN"):
-        sel.observe(torch.tensor([0]), torch.tensor([float("nan")]))
+    before = sel.sampler.estimates.copy()
+    sel.observe(torch.tensor([0, 2]), torch.tensor([float("nan"), 2.0]))  # NaN: left as it was
+    assert sel.sampler.estimates[0] == before[0] and sel.sampler.estimates[2] == 2.0
+    with pytest.raises(SelectionError, match="NaN"):     # the sampler itself still refuses them
+        sel.sampler.update(np.array([0]), np.array([float("nan")]))
 
 
 def test_importance_redraw_from_uniform_candidates_is_unbiased():
@@ -437,10 +440,28 @@ def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
     assert b.images.shape[0] == 8 and b.weights is None
     with pytest.raises(SelectionError, match="split_size"):
         build_selector(SelectionConfig(method="infobatch"), candidate_size=8)
-    with pytest.raises(SelectionError, match="outside the split"):
+    with pytest.raises(SelectionError, match="outside the split"):  # pruning: checked at once
+        sel.set_progress(0.0)
         sel(None, x, y, torch.tensor([0, 99]))
-    with pytest.raises(SelectionError, match="NaN"):
-        sel.observe(torch.tensor([0]), torch.tensor([float("nan")]))
+    sel.set_progress(0.5)
+    sel(None, x, y, torch.tensor([0, 99]))                     # not pruning: flagged on the device,
+    with pytest.raises(SelectionError, match="outside the split"):  # raised at the next gather
+        sel.flush()
+
+
+def test_infobatch_observing_nan_leaves_the_entries_unchanged():
+    """A NaN/inf loss (a step that diverged on some rank hands over NaN for all) is dropped on the
+    device when gathered: those samples keep their last finite loss, the others update."""
+    sel = build_selector(SelectionConfig(method="infobatch", params={"sync_every": 2}), candidate_size=4,
+                         split_size=6)
+    sel.observe(torch.arange(4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    sel.observe(torch.tensor([4]), torch.tensor([5.0]))
+    sel.observe(torch.arange(3), torch.tensor([float("nan"), 9.0, float("inf")]))
+    assert sel.state_dict()["pending_index"].tolist() == [1]   # a checkpoint keeps the finite ones
+    sel.observe(torch.tensor([5]), torch.tensor([float("nan")]))
+    assert sel.loss[:5].tolist() == [1.0, 9.0, 3.0, 4.0, 5.0]
+    assert sel.seen.tolist() == [True] * 5 + [False]
+    assert sel._mean == pytest.approx(22 / 5)
 
 
 def test_infobatch_gathers_observed_losses_every_sync_every_calls():

@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 
 from sluice.errors import SelectionError
 from sluice.plugins import EntryParams, PluginRegistry
-from sluice.stages.contracts import SelectedBatch
+from sluice.stages.contracts import SelectedBatch, SelectionStats
 
 if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
     from sluice.stages.select.config import SelectionConfig
@@ -124,23 +124,21 @@ class BaseSelector:
         return table[indices]
 
     def _stats(self, indices: torch.Tensor, pos: torch.Tensor,
-               loss: torch.Tensor | None) -> dict[str, float]:
-        """Selected-vs-candidate statistics (one device sync)."""
-        names, vals = ["n_candidates", "n_selected"], [float(indices.numel()), float(pos.numel())]
+               loss: torch.Tensor | None) -> SelectionStats:
+        """Selected-vs-candidate statistics: counts as floats, means as float32 device tensors
+        (unread: the training loop reads them with its metrics record)."""
+        stats = SelectionStats({"n_candidates": float(indices.numel()), "n_selected": float(pos.numel())})
         il = self._lookup(self._il, indices)
         noise = self._lookup(self._noise, indices)
         series = {"loss": loss, "il": il,
                   "reducible": (loss - il) if loss is not None and il is not None else None}
         for name, t in series.items():
             if t is not None:
-                names += [f"cand_{name}_mean", f"sel_{name}_mean"]
-                vals += [t.float().mean(), t[pos].float().mean()]
+                stats[f"cand_{name}_mean"] = t.detach().float().mean()
+                stats[f"sel_{name}_mean"] = t.detach()[pos].float().mean()
         if noise is not None:
-            names += ["cand_noisy", "sel_noisy"]
-            vals += [noise.float().sum(), noise[pos].float().sum()]
-        out = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=indices.device)
-                           for v in vals]).tolist()
-        return dict(zip(names, out))
+            stats["cand_noisy"], stats["sel_noisy"] = noise.float().sum(), noise[pos].float().sum()
+        return stats
 
     def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
         """Per-sample losses of the trained samples after the step (default: ignored)."""

@@ -154,12 +154,16 @@ class ImportanceSelector(BaseSelector):
             w = torch.as_tensor(self.sampler.weights(idx), dtype=torch.float32, device=images.device)
             pos = torch.arange(images.shape[0], device=images.device)
         stats = self._stats(cand, pos, None)
-        stats.update(weight_mean=float(w.mean()), weight_max=float(w.max()))
+        stats.update(weight_mean=w.mean(), weight_max=w.max())
         return SelectedBatch(images, labels, indices, w, stats)
 
     def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
+        """Every rank's losses into the estimates (read on the host: the sampler draws there);
+        NaN/inf losses leave their samples' estimates as they were."""
         indices, losses = all_gather_1d(indices.detach()), all_gather_1d(losses.detach().float())
-        self.sampler.update(indices.cpu().numpy(), losses.cpu().numpy())
+        indices, losses = indices.cpu().numpy(), losses.cpu().numpy()
+        finite = np.isfinite(losses)
+        self.sampler.update(indices[finite], losses[finite])
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "sampler": self.sampler.state_dict()}

@@ -52,6 +52,12 @@ def rank_part(ranks: list[dict[str, Any]], rank: int, step: int, seed: int, hook
     return own
 
 
+def finite_weights(model: torch.nn.Module) -> bool:
+    """Whether every floating-point parameter and buffer is finite (one read)."""
+    checks = [torch.isfinite(t).all() for t in model.state_dict().values() if t.is_floating_point()]
+    return bool(torch.stack(checks).all()) if checks else True
+
+
 class Checkpointer:
     """Owns the run's checkpoint: when to save, what goes in, and loading it back (any world size)."""
 

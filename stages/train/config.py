@@ -118,7 +118,10 @@ class TrainConfig(BaseModel):
     log_samples: bool = Field(False, description="each rank appends the split indices of every "
                               "batch it takes to samples-rank<R>.jsonl beside metrics_path")
     eval_every_steps: int | None = Field(None, ge=1)
-    log_every_steps: int = Field(1, ge=1)
+    log_every_steps: int = Field(1, ge=1, description="steps between reads of the step metrics on the host "
+                                 "(each read waits for the device); only every Nth step's record is written, "
+                                 "its clocks averaged over the N steps (the pipeline's recipe: auto = 1 on "
+                                 "CPUs, 50 on CUDA)")
     metrics_path: str | None = None  # JSON lines, rank 0
     progress: bool = True
     max_skipped_steps: int = Field(20, ge=1)  # fp16: consecutive overflow skips before failing

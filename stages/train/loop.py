@@ -25,11 +25,11 @@ import torch
 from sluice.errors import TrainError
 from sluice.stages.compute import resolve_amp
 from sluice.stages.contracts import ResumableLoader, Selector
-from sluice.stages.train.checkpointer import Checkpointer
+from sluice.stages.train.checkpointer import Checkpointer, finite_weights
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context
 from sluice.stages.train.evaluate import evaluate
-from sluice.stages.train.metrics import MetricsLogger, summarize
+from sluice.stages.train.metrics import MetricsLogger, non_finite_error, summarize
 from sluice.stages.train.parts import TrainParts, param_digest
 from sluice.stages.train.state import RunState, endless_batches
 from sluice.stages.train.step import train_step
@@ -91,21 +91,24 @@ def train(config: TrainConfig | dict[str, Any], loader: ResumableLoader,
     parts.model.train()
     try:
         while not state.finished():
-            rec = train_step(parts, state, batches, selector, log_samples, checkpointer.path)
+            logger.add(train_step(parts, state, batches, selector, log_samples, checkpointer.path))
+            if logger.due(state.step):  # the one read of log_every_steps steps (NaN/inf found here)
+                logger.read(state, checkpointer.path, count_wait=True)
             if clock_matters:  # time-based decisions must agree across ranks: rank 0's clock
-                rec["elapsed_s"] = state.agree_on_clock(d)
-            logger.log_step(rec)
+                state.agree_on_clock(d)
+            logger.write_due(state)
             if cfg.eval_every_steps and state.step % cfg.eval_every_steps == 0 and not state.finished():
-                run_eval(parts, state, eval_loader, logger)
+                run_eval(parts, state, eval_loader, logger, checkpointer)
             if cfg.halt_at_step and state.step >= cfg.halt_at_step and not state.finished():
-                checkpointer.save(state)
+                save(parts, state, logger, checkpointer)
                 halted = True
                 break
             if checkpointer.due(state) and not state.finished():
-                checkpointer.save(state)
+                save(parts, state, logger, checkpointer)
+        logger.read(state, checkpointer.path)  # the end of the run reads what waits
         if not halted:
-            final = run_eval(parts, state, eval_loader, logger)
-            checkpointer.save(state)
+            final = run_eval(parts, state, eval_loader, logger, checkpointer)
+            save(parts, state, logger, checkpointer)
     finally:
         logger.close()
     written = checkpointer.written()
@@ -116,11 +119,24 @@ def train(config: TrainConfig | dict[str, Any], loader: ResumableLoader,
                        summary=summarize(parts, state, logger.records, loader, halted))
 
 
+def save(parts: TrainParts, state: RunState, logger: MetricsLogger, checkpointer: Checkpointer) -> None:
+    """Write the checkpoint, never with NaN/inf in it: the waiting steps are read first (a
+    non-finite loss raises, naming its step) and the weights checked (one more read)."""
+    if checkpointer.path is None:
+        return
+    logger.read(state, checkpointer.path)
+    if not finite_weights(parts.model):
+        raise non_finite_error(state.step, parts.opt.param_groups[0]["lr"], checkpointer.path, "weights")
+    checkpointer.save(state)
+
+
 def run_eval(parts: TrainParts, state: RunState, eval_loader: ResumableLoader | None,
-             logger: MetricsLogger) -> dict[str, Any] | None:
-    """Evaluate the current (EMA) weights on every rank's shard; record and log the result."""
+             logger: MetricsLogger, checkpointer: Checkpointer | None = None) -> dict[str, Any] | None:
+    """Evaluate the current (EMA) weights on every rank's shard; record and log the result
+    (after reading the waiting steps: a NaN/inf loss raises first)."""
     if eval_loader is None:
         return None
+    logger.read(state, checkpointer.path if checkpointer is not None else None)
     parts.sync_buffers()
     e = {"step": state.step, "elapsed_s": state.elapsed, "wall_time": time.time(),
          **evaluate(parts.eval_model(), eval_loader, parts.prep, parts.cfg.amp, parts.d,

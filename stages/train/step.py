@@ -1,15 +1,22 @@
 """One optimizer step: schedule, selection, accumulated forward/backward, the agreement across
-ranks, the optimizer (through the GradScaler) and the EMA; it returns the step's metrics record.
+ranks, the optimizer (through the GradScaler) and the EMA; it returns the step's metrics record,
+unread.
 
 The order of the collectives is fixed (DDP's gradient all-reduce on the last micro-batch, then
 one small all-reduce of loss and sample counts): every rank takes the same decisions from the
 same numbers, which is what keeps their weights bitwise identical.
+
+A step never waits for the device: loss, non-finite count, samples and selection statistics stay
+device tensors, and the loop reads them every ``log_every_steps`` (``metrics.MetricsLogger.read``),
+where a NaN/inf loss is found and reported by its step. Selectors observe every step; a
+non-finite step's losses reach them as NaN, which they drop on the device. The exception is fp16:
+the GradScaler reads its inf check on the host to skip a step, so that path reads the agreed
+non-finite count too and keeps counting skipped steps as before.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -18,14 +25,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sluice.errors import NonFiniteLoss
 from sluice.stages.compute import autocast
-from sluice.stages.contracts import Selector
+from sluice.stages.contracts import Selector, raw_stats
+from sluice.stages.train.metrics import StepRecord, non_finite_error
 from sluice.stages.train.parts import TrainParts
 from sluice.stages.train.schedule import momentum_at
 from sluice.stages.train.state import RunState
 
 SampleLog = Callable[[RunState, torch.Tensor], None]
+Number = float | torch.Tensor  # a host number, or a 0-dim device tensor not yet read
 
 
 def set_schedule(opt: torch.optim.Optimizer, lr: float, momentum: float) -> None:
@@ -38,22 +46,23 @@ def set_schedule(opt: torch.optim.Optimizer, lr: float, momentum: float) -> None
 
 @dataclasses.dataclass
 class Tally:
-    """What one step's micro-batches add up to."""
+    """What one step's micro-batches add up to (device sums in float64, as Python's floats were)."""
     data_s: float = 0.0  # waiting for and preparing batches
     select_s: float = 0.0  # the selector's scoring
-    loss_sum: float = 0.0  # finite micro-batch losses
-    nonfinite: int = 0
-    n_samples: int = 0  # trained (after selection)
-    sel_stats: dict[str, float] = dataclasses.field(default_factory=dict)  # means over micro-batches
+    loss_sum: Number = 0.0  # finite micro-batch losses
+    nonfinite: Number = 0.0
+    n_samples: int = 0  # trained (after selection): known from shapes
+    sel_stats: dict[str, Number] = dataclasses.field(default_factory=dict)  # means over micro-batches
     trained: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)  # to observe
 
 
 def train_step(parts: TrainParts, state: RunState, batches: Iterator[Any], selector: Selector | None,
-               log_samples: SampleLog | None = None, checkpoint: Path | None = None) -> dict[str, Any]:
+               log_samples: SampleLog | None = None, checkpoint: Path | None = None) -> StepRecord:
     """Take ``accum_steps`` batches from ``batches`` and make one optimizer step.
 
     ``log_samples`` receives each micro-batch's indices; ``checkpoint`` is named when the loss
-    diverges. Raises ``NonFiniteLoss`` when it does (past fp16's ``max_skipped_steps``).
+    diverges. Under fp16 raises ``NonFiniteLoss`` past ``max_skipped_steps``; otherwise a NaN/inf
+    loss is found when the record is read.
     """
     cfg = parts.cfg
     t0 = time.perf_counter()
@@ -64,17 +73,21 @@ def train_step(parts: TrainParts, state: RunState, batches: Iterator[Any], selec
         micro_batch(parts, state, batches, selector, log_samples, tally,
                     sync_grads=micro == cfg.accum_steps - 1)
     stats = agree(parts, tally)
-    if stats[1] > 0:
-        _non_finite(parts, state, checkpoint)
-    else:
-        state.skipped = 0
-        # stateful selectors (importance estimates) learn from the trained samples' losses
-        for indices, losses in tally.trained:  # every rank observes (it may all-gather), or none
-            selector.observe(indices, losses)
+    checked = parts.scaler.is_enabled()
+    if checked:  # fp16: the scaler reads its inf check anyway; skip or fail as before
+        if stats[1].item() > 0:
+            _fp16_non_finite(parts, state, checkpoint)
+        else:
+            state.skipped = 0
+    # stateful selectors (importance estimates) learn from the trained samples' losses; every
+    # rank observes (it may all-gather); a step non-finite on any rank hands over NaN only
+    finite = stats[1] == 0
+    for indices, losses in tally.trained:
+        selector.observe(indices, torch.where(finite, losses, float("nan")))
     scale = _optimizer_step(parts, state)
     step_s = time.perf_counter() - t0
     state.advance(step_s)
-    return _record(parts, state, stats, lr, step_s, tally, scale)
+    return _record(parts, state, stats, lr, step_s, tally, scale, checked)
 
 
 def micro_batch(parts: TrainParts, state: RunState, batches: Iterator[Any], selector: Selector | None,
@@ -96,8 +109,9 @@ def micro_batch(parts: TrainParts, state: RunState, batches: Iterator[Any], sele
             sb = selector(parts.model, x, y, idx)
         tally.select_s += time.perf_counter() - ts
         x, y, w = sb.images, sb.labels, sb.weights
-        for k, v in sb.stats.items():
-            tally.sel_stats[k] = tally.sel_stats.get(k, 0.0) + float(v) / cfg.accum_steps
+        for k, v in raw_stats(sb.stats).items():  # averaged on the device, read with the record
+            v = v.detach().to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
+            tally.sel_stats[k] = tally.sel_stats.get(k, 0.0) + v / cfg.accum_steps
     sync = parts.ddp.no_sync() if parts.ddp is not None and not sync_grads else contextlib.nullcontext()
     with sync:
         with autocast(cfg.amp, d.device):
@@ -108,17 +122,21 @@ def micro_batch(parts: TrainParts, state: RunState, batches: Iterator[Any], sele
         parts.scaler.scale(loss / cfg.accum_steps).backward()
     if getattr(selector, "observe", None) is not None:
         tally.trained.append((sb.indices, per.detach()))
-    lv = loss.item()
-    tally.nonfinite += 0 if math.isfinite(lv) else 1
-    tally.loss_sum += lv if math.isfinite(lv) else 0.0
+    lv = loss.detach().to(torch.float64)
+    finite = torch.isfinite(lv)
+    tally.nonfinite = tally.nonfinite + (~finite).to(torch.float64)
+    tally.loss_sum = tally.loss_sum + torch.where(finite, lv, 0.0)
     tally.n_samples += len(y)
 
 
 def agree(parts: TrainParts, tally: Tally) -> torch.Tensor:
-    """[mean loss, non-finite count, samples] over all ranks: one small all-reduce, so every
-    rank takes the same decisions (skip, fail, observe) from the same numbers."""
+    """[mean loss, non-finite count, samples] over all ranks, on the device: one small
+    all-reduce, so every rank takes the same decisions (skip, fail, observe) from the same
+    numbers, and none of them waits to read them."""
     d = parts.d
-    stats = d.tensor([tally.loss_sum / parts.cfg.accum_steps, tally.nonfinite, tally.n_samples])
+    samples = torch.full((), float(tally.n_samples), dtype=torch.float64, device=d.device)  # a fill, not a copy
+    stats = torch.stack([torch.as_tensor(tally.loss_sum / parts.cfg.accum_steps, device=d.device),
+                         torch.as_tensor(tally.nonfinite, device=d.device), samples])
     if d.on:
         dist.all_reduce(stats)
         stats[0] /= d.world
@@ -143,29 +161,26 @@ def _optimizer_step(parts: TrainParts, state: RunState) -> float | None:
 
 
 def _record(parts: TrainParts, state: RunState, stats: torch.Tensor, lr: float, step_s: float,
-            tally: Tally, scale: float | None) -> dict[str, Any]:
-    """The step's metrics record (its keys and their order are what metrics.jsonl holds)."""
+            tally: Tally, scale: float | None, checked: bool) -> StepRecord:
+    """The step's metrics record, unread: host numbers (keys in metrics.jsonl's order, with
+    ``loss`` and ``samples_per_s`` filled in when read) and the device tensors."""
     d = parts.d
     sent = parts.hook.take_bytes() if d.on else 0
     busy = parts.hook.take_busy_s() if d.on else 0.0  # the hook's thread (compress + wire)
-    rec = {"step": state.step, "epoch": state.epoch, "loss": stats[0].item(), "lr": lr,
-           "samples_per_s": stats[2].item() / step_s, "step_s": step_s, "data_s": tally.data_s,
-           "data_wait_frac": tally.data_s / step_s, "select_s": tally.select_s,
-           "bytes_comm": sent, "bytes_uncompressed": parts.full_bytes if d.on else 0,
-           "comm_busy_s": busy,
-           "elapsed_s": state.elapsed}
+    host = {"step": state.step, "epoch": state.epoch, "loss": None, "lr": lr,
+            "samples_per_s": None, "step_s": step_s, "data_s": tally.data_s,
+            "data_wait_frac": None, "select_s": tally.select_s,
+            "bytes_comm": sent, "bytes_uncompressed": parts.full_bytes if d.on else 0,
+            "comm_busy_s": busy,
+            "elapsed_s": state.elapsed}
     if scale is not None:
-        rec["grad_scale"], rec["skipped_steps"] = scale, state.scaler_skips
-    rec.update({f"select/{k}": v for k, v in tally.sel_stats.items()})
-    return rec
+        host["grad_scale"], host["skipped_steps"] = scale, state.scaler_skips
+    return StepRecord(host, stats, tally.sel_stats, checked)
 
 
-def _non_finite(parts: TrainParts, state: RunState, checkpoint: Path | None) -> None:
-    if parts.scaler.is_enabled():  # fp16: the scaler skips this step and lowers the scale
-        state.skipped += 1
-        if state.skipped <= parts.cfg.max_skipped_steps:
-            return
-    where = f"; the last good checkpoint is {checkpoint}" if checkpoint and checkpoint.exists() \
-        else "; no checkpoint was written"
-    raise NonFiniteLoss(f"loss became NaN/inf at step {state.step + 1} (lr {state.lr():.3g}){where}. "
-                        "Lower the lr, enable clip_grad_norm, or check the data")
+def _fp16_non_finite(parts: TrainParts, state: RunState, checkpoint: Path | None) -> None:
+    """fp16: the scaler skips this step and lowers the scale; too many in a row fail the run."""
+    state.skipped += 1
+    if state.skipped <= parts.cfg.max_skipped_steps:
+        return
+    raise non_finite_error(state.step + 1, state.lr(), checkpoint)
