@@ -44,7 +44,7 @@ def _print_outcome(cfg, result: dict) -> None:
     print(f"dataset artifact : {result['dataset']['root']}")
     if result.get("il"):
         print(f"IL scores        : {result['il']['path']}")
-    print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl, torchrun.log)")
+    print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl; torchrun.log for several ranks)")
     print(f"model registry   : {reg.root}")
     print(f"candidate        : {p['model_id']} {p['eval_split']} accuracy {p['candidate_value']:.4f} "
           f"({p['report_split']} {p['report']['acc']:.4f}) -> "
@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-HOST_NOTE = "host class: precision, ranks x threads, batch per rank; an explicit --set wins"
+HOST_NOTE = "host class or GPUs: precision, ranks x threads, batch per rank, loader device; an explicit --set wins"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ Prefect's cache is gone.
 """
 from __future__ import annotations
 
-import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +20,7 @@ from prefect.context import FlowRunContext
 
 from sluice.flows.pipeline import PipelineConfig, training_job
 from sluice.flows.report import report_markdown
+from sluice.stages.host import usable_cores
 from sluice.storage.fingerprint import combine, hash_obj
 
 
@@ -71,10 +71,10 @@ def write_shard_task(spec: dict[str, Any], shard: dict[str, Any]) -> dict[str, A
 def _task_runner(name: str):
     if name == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
-        return ThreadPoolTaskRunner(max_workers=os.cpu_count() or 1)
+        return ThreadPoolTaskRunner(max_workers=usable_cores())
     if name == "processes":
         from prefect.task_runners import ProcessPoolTaskRunner
-        return ProcessPoolTaskRunner(max_workers=os.cpu_count() or 1)
+        return ProcessPoolTaskRunner(max_workers=usable_cores())
     if name.startswith("dask://"):
         from sluice.errors import require
         require("prefect_dask", "prefect-dask", "dask", "running the shard map on a Dask cluster")
@@ -85,9 +85,11 @@ def _task_runner(name: str):
 
 @task(name="irreducible-loss", cache_key_fn=_il_key, persist_result=True, retries=1, retry_delay_seconds=5,
       timeout_seconds=6 * 3600)
-def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str) -> dict[str, Any]:
+def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str,
+            device: str = "cpu") -> dict[str, Any]:
     """IL scores for this version: stored, carried by key from the nearest earlier version's (only
-    new, changed and relabelled samples scored), or computed afresh (stages/select/il_carry.py)."""
+    new, changed and relabelled samples scored), or computed afresh (stages/select/il_carry.py);
+    on the training device."""
     from sluice.errors import SelectionError
     from sluice.stages.load import split_arrays
     from sluice.stages.select import SelectionConfig
@@ -100,7 +102,7 @@ def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root:
             raise SelectionError(f"the dataset at {root} is version {art.fingerprint[:16]}, not {fingerprint[:16]}")
         # the IL model never trains on removed samples (live_only for the holdout)
         s = il_scores_for_version(cfg.il, art, lambda split, live: split_arrays(art, split, live_only=live),
-                                  scores_root)
+                                  scores_root, device=device)
     get_run_logger().info(describe(s))
     return {"path": s.path, "wall_s": time.perf_counter() - t0,
             **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
@@ -108,12 +110,14 @@ def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root:
 
 @task(name="train", retries=1, retry_delay_seconds=10)
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
-    """torchrun with ``nproc`` ranks on this machine, or on each of ``launch.nodes``; a retry
-    resumes from the run's last checkpoint."""
+    """``nproc`` ranks on this machine (one in this process, several under torchrun), or on each of
+    ``launch.nodes``; a retry resumes from the run's last checkpoint."""
     from sluice.stages.train.stage import run_training
     c = PipelineConfig.model_validate(cfg)
     il_path = il["path"] if il else None
-    return run_training(training_job(c, data, il_path), c.warm, c.registry_dir(), il_path, run_dir, c.launch,
+    get_run_logger().info(f"placement: {c.resolved_for_host()}")
+    # verified=True: verify_task checked every sample's checksum before this task
+    return run_training(training_job(c, data, il_path, verified=True), c.warm, c.registry_dir(), il_path, run_dir, c.launch,
                         nproc=c.ranks(), timeout_s=c.train_timeout_s, log=get_run_logger().info)
 
 
@@ -215,7 +219,8 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     data = data or prepare(c)
     il = None
     if c.selection.needs_il:
-        args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()))
+        args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()),
+                "cuda" if c.on_cuda() else "cpu")
         il = _cached(il_task, args, lambda il: Path(il["path"]))
     checked = verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
     run = _run_info()

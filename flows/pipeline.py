@@ -5,7 +5,6 @@ It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a 
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,8 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sluice.flows.recipe import load_recipe, overlay, resolve_auto
 from sluice.stages.compute import resolve_amp
 from sluice.stages.data.config import PrepareConfig
-from sluice.stages.host import defaults_for, describe, host_class, threads_per_rank
+from sluice.stages.host import (describe, gpu_name, host_class, rank_device, ranks_for, threads_per_rank,
+                                usable_cores, visible_gpus)
 from sluice.stages.load import AugmentSpec, LoaderConfig
+from sluice.stages.load.config import loader_device
 from sluice.stages.select import SelectionConfig
 from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.train.config import TrainConfig
@@ -54,9 +55,10 @@ class PipelineConfig(BaseModel):
                                   description="start from the champion's weights and train on the samples it has "
                                               "not seen plus a replay (stages/train/warm.py)")
     nproc: int | Literal["auto"] = Field(
-        "auto", description="training processes (torchrun ranks) on this machine, or on each of "
-        "launch.nodes; auto = one per core (a node's pinned cores), each with one thread (on small "
-        "CPUs several single-threaded ranks beat one multi-threaded process)")
+        "auto", description="training ranks on this machine, or on each of launch.nodes (one trains "
+        "in-process, several under torchrun); auto = one per visible GPU when training on CUDA "
+        "(the cores split among them), else one per core (a node's pinned cores), each with one "
+        "thread (on small CPUs several single-threaded ranks beat one multi-threaded process)")
     launch: LaunchConfig = Field(default_factory=LaunchConfig,
                                  description="where training runs: this machine (no nodes) or a list "
                                              "of nodes joined by torchrun's c10d rendezvous; not part "
@@ -83,6 +85,15 @@ class PipelineConfig(BaseModel):
                             wants_cuda=_device_wants_cuda(merged.get("train")))
 
     @model_validator(mode="after")
+    def _one_seed(self) -> "PipelineConfig":
+        """``train.seed`` seeds the whole run: the loader's augmentation draws, the sampler's order
+        and the selection method's draws follow it unless one of them is set on its own."""
+        for part in (self.loader, self.loader.sampler, self.selection):
+            if "seed" not in part.model_fields_set:
+                part.seed = self.train.seed
+        return self
+
+    @model_validator(mode="after")
     def _eval_split_is_not_empty(self) -> "PipelineConfig":
         """Checked here, before any stage runs (and after the holdout default is settled): a
         split the ingest config leaves empty."""
@@ -96,25 +107,31 @@ class PipelineConfig(BaseModel):
                                  "so that split would be empty")
         return self
 
-    def ranks(self) -> int:
-        """The number of training ranks ``nproc`` resolves to on this machine (per node with
-        ``launch.nodes``: auto takes the fewest cores a node is pinned to)."""
-        if self.nproc == "auto":
-            per_rank = defaults_for("cpu").threads_per_rank
-            pinned = [n.core_count() for n in self.launch.nodes]
-            if pinned and None not in pinned:
-                return max(1, min(pinned) // per_rank)
-            return max(1, (os.cpu_count() or 1) // per_rank)
-        if self.nproc < 1:
-            raise ValueError("nproc must be >= 1 or 'auto'")
-        return self.nproc
+    def on_cuda(self) -> bool:
+        """Whether training runs on CUDA (``train.device``: auto takes CUDA where present)."""
+        return wants_cuda(self.train.device)
+
+    def ranks(self, gpus: int | None = None) -> int:
+        """The training ranks ``nproc`` resolves to on this machine (per node with
+        ``launch.nodes``): auto = one per visible GPU on CUDA (``gpus``: default, this machine's
+        count), else one per core (a node's pinned cores: the fewest)."""
+        cuda = self.on_cuda()
+        return ranks_for(self.nproc, cuda=cuda, gpus=visible_gpus() if gpus is None and cuda else (gpus or 0),
+                         cores=usable_cores(), pinned=[n.core_count() for n in self.launch.nodes])
 
     def resolved_for_host(self) -> str:
-        """What a local CPU run of this config resolves to on this host, in one line
-        ("avx2: fp32, 2 ranks x 1 thread, 64 per rank"); explicit settings are shown as given."""
+        """What a local run of this config resolves to here, in one line: "avx2: fp32, 2 ranks x 1
+        thread, 64 per rank" on CPUs, "cuda: 1 × H100, bf16, 1 rank x 16 threads, 64 per rank,
+        loader on cuda:0" on a GPU; explicit settings are shown as given."""
         ranks = self.ranks()
-        return describe(host_class("cpu"), resolve_amp(self.train.amp, "cpu"), ranks,
-                        self.train.torch_threads or threads_per_rank(ranks), self.train.batch_size)
+        threads = self.train.torch_threads or threads_per_rank(ranks)
+        if not self.on_cuda():
+            return describe(host_class("cpu"), resolve_amp(self.train.amp, "cpu"), ranks, threads,
+                            self.train.batch_size)
+        device = rank_device(True, 0)
+        loader = loader_device(self.loader.device, device)
+        return describe("cuda", resolve_amp(self.train.amp, device), ranks, threads, self.train.batch_size,
+                        gpus=f"{visible_gpus()} × {gpu_name(0)}", loader_device=str(loader))
 
     # where things live
     def dataset_dir(self) -> Path:
@@ -135,6 +152,8 @@ def dataset_info(summary) -> dict[str, Any]:
     return summary.info()
 
 
-def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None) -> TrainJob:
-    """The typed training job for this pipeline on dataset version ``data`` (stages/train/job.py)."""
-    return assemble_job(c.train, c.loader, c.augment, c.selection, c.promotion.report_split, data, il_path)
+def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None, verified: bool = False) -> TrainJob:
+    """The typed training job for this pipeline on dataset version ``data`` (stages/train/job.py).
+    ``verified``: the flow checked the artifact already, so the ranks' loaders do not again."""
+    loader = c.loader.model_copy(update={"verify": "none"}) if verified else c.loader
+    return assemble_job(c.train, loader, c.augment, c.selection, c.promotion.report_split, data, il_path)

@@ -4,7 +4,9 @@ A pipeline config is built in layers, each deep-merged over the one before: the 
 own neutral defaults, then the recipe the config names (``recipe: default`` unless given), then
 the user's config file, then ``--set`` overrides. A recipe may ``extends:`` another. Two values
 may be ``auto`` in any layer and are resolved here, once, where the config is built:
-``train.batch_size`` (the per-rank batch measured best for the host class) and
+``train.batch_size`` (the per-rank batch measured best for the host class),
+``train.log_every_steps`` (1 on CPUs; 50 on CUDA, where reading a step's metrics waits for
+the device) and
 ``prepare.ingest.holdout_fraction`` (0.1 when the selection method trains an irreducible-loss
 model on a holdout, else 0). ``sluice config show`` prints the result.
 """
@@ -83,10 +85,13 @@ def _with(d: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 
 
 def resolve_auto(data: dict[str, Any], *, needs_il: bool, wants_cuda: bool) -> dict[str, Any]:
-    """The config with its ``auto`` batch size and holdout share replaced by what they mean here."""
+    """The config with its ``auto`` batch size, log interval and holdout share replaced by what they mean here."""
     out = data
+    host = defaults_for("cuda" if wants_cuda else "cpu")
     if _at(out, "train.batch_size") == "auto":
-        out = _with(out, "train.batch_size", defaults_for("cuda" if wants_cuda else "cpu").batch_per_rank)
+        out = _with(out, "train.batch_size", host.batch_per_rank)
+    if _at(out, "train.log_every_steps") == "auto":
+        out = _with(out, "train.log_every_steps", host.log_every_steps)
     if _at(out, "prepare.ingest.holdout_fraction") == "auto":
         out = _with(out, "prepare.ingest.holdout_fraction", 0.1 if needs_il else 0.0)
     return out

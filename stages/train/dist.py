@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from sluice.errors import ConfigError
+from sluice.stages.host import rank_device
 from sluice.stages.train.config import TrainConfig
 
 
@@ -33,22 +34,31 @@ def wants_cuda(device: str) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
-def dist_context(cfg: TrainConfig) -> DistContext:
-    """This process's rank, world and device (CUDA per ``LOCAL_RANK``), checked against ``cfg``."""
-    want_cuda = wants_cuda(cfg.device)
-    if want_cuda and not torch.cuda.is_available():
+def place_rank(cfg: TrainConfig, local_rank: int | None = None) -> torch.device:
+    """This rank's device, set as the current CUDA device before anything allocates (the
+    loaders, the process group and the model all follow it): CUDA rank ``LOCAL_RANK`` on its own
+    GPU, else the CPU. Checked against ``cfg`` (CUDA asked but absent; fp16 without CUDA)."""
+    cuda = wants_cuda(cfg.device)
+    if cuda and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but CUDA is not available")
-    if cfg.amp == "fp16" and not want_cuda:
+    if cfg.amp == "fp16" and not cuda:
         raise ConfigError("amp='fp16' needs CUDA (GradScaler); use amp='bf16' on CPU")
+    local = int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank
+    device = rank_device(cuda, local)
+    if cuda:
+        if local >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local} has no GPU: {torch.cuda.device_count()} visible "
+                              "(one rank per GPU: nproc: auto)")
+        torch.cuda.set_device(device)
+    return device
+
+
+def dist_context(cfg: TrainConfig) -> DistContext:
+    """This process's rank, world and device (its own GPU per ``LOCAL_RANK``), checked against ``cfg``."""
+    device = place_rank(cfg)
     if dist.is_available() and dist.is_initialized():
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = 0, 1
-    if want_cuda:
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        return DistContext(rank, world, torch.device("cuda", local))
-    return DistContext(rank, world, torch.device("cpu"))
+        return DistContext(dist.get_rank(), dist.get_world_size(), device)
+    return DistContext(0, 1, device)
 
 
 def init_process_group(cfg: TrainConfig) -> None:

@@ -1,5 +1,6 @@
-"""Start training under ``torchrun`` from Python (what the flows call), stream its logs, and
-return rank 0's :class:`~sluice.stages.train.loop.TrainResult`.
+"""Start training from Python (what the flows call) and return rank 0's
+:class:`~sluice.stages.train.loop.TrainResult`: one rank trains in this process; several run
+under ``torchrun``, whose logs are streamed.
 
 The job is a typed ``TrainJob`` (config, data specs, selection spec), validated here before
 anything starts, so a bad field or an unknown model/method/hook fails in the caller.
@@ -28,9 +29,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from pydantic import ValidationError
 
-from sluice.errors import ConfigError, LaunchError, RendezvousError, TrainError
+from sluice.errors import ConfigError, LaunchError, RendezvousError, SluiceError, TrainError
 from sluice.stages.load.specs import DataSpec
 from sluice.procs import die_with_parent_preexec, stop_group
 from sluice.stages.select.spec import SelectionSpec
@@ -38,7 +40,7 @@ from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.loop import TrainResult
 from sluice.stages.train.rendezvous import BACKEND as LOOPBACK_BACKEND
-from sluice.stages.train.worker import FATAL, JOB, RESULT
+from sluice.stages.train.worker import FATAL, JOB, RESULT, run_rank
 from sluice.storage.atomic import write_json
 
 LOOPBACK = "127.0.0.1"
@@ -110,16 +112,20 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
            rdzv_endpoint: str | None = None, rdzv_timeout_s: float = 60.0,
            max_restarts: int = 0, timeout_s: float | None = None,
            env: dict[str, str] | None = None,
-           on_line: Callable[[str], None] | None = None) -> TrainResult:
-    """Run ``job`` under torchrun with ``nproc`` ranks on this node; return rank 0's result.
+           on_line: Callable[[str], None] | None = None, isolate: bool = False) -> TrainResult:
+    """Run ``job`` with ``nproc`` ranks on this node; return rank 0's result. One rank on one node
+    trains in this process (no torchrun, no second ``import torch``) unless ``isolate``; several
+    run under torchrun.
 
     ``out_dir`` (default: a new temp directory) receives ``job.json``, ``checkpoints/``,
-    ``metrics.jsonl``, ``result.json`` and ``torchrun.log``; launching again on the same
-    ``out_dir`` resumes from its checkpoint.
+    ``metrics.jsonl``, ``result.json`` and, under torchrun, ``torchrun.log``; launching again on
+    the same ``out_dir`` resumes from its checkpoint. ``env`` is for torchrun's workers.
     """
     job = as_job(job)
     if nproc < 1 or nnodes < 1:
         raise ConfigError(f"nproc and nnodes must be >= 1, got {nproc}, {nnodes}")
+    if nproc == 1 and nnodes == 1 and not isolate:
+        return run_in_process(job, out_dir, timeout_s=timeout_s, max_restarts=max_restarts, on_line=on_line)
     if nnodes > 1 and not rdzv_endpoint:
         raise ConfigError("several nodes need rdzv_endpoint='host:port' (node 0's address)")
     endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
@@ -134,6 +140,62 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
     rc, tail = _run(cmd, out / "torchrun.log", timeout_s, {**_loopback_env(nnodes, endpoint), **(env or {})},
                     on_line)
     return collect_result(out, rc, tail, endpoint)
+
+
+def run_in_process(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None = None, *,
+                   timeout_s: float | None = None, max_restarts: int = 0,
+                   on_line: Callable[[str], None] | None = None) -> TrainResult:
+    """One rank in this process: the same rank entry and files as a torchrun worker's. A
+    ``SluiceError`` ends the run (``error.json``, raised as ``TrainError`` naming rank 0 as
+    torchrun's path does); any other exception is a crash, retried from the last checkpoint up to
+    ``max_restarts`` times. ``timeout_s`` is checked between batches: past it the run stops with
+    ``LaunchError``, its checkpoints kept."""
+    out, job_path = prepare_run(job, out_dir)
+    job = as_job(json.loads(job_path.read_text()))  # with its checkpoint and metrics paths filled in
+    emit = on_line or (lambda s: print(s, end="", flush=True))
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    wrap = (lambda loader: TimeLimited(loader, deadline, timeout_s)) if deadline else None
+    threads = torch.get_num_threads()
+    try:
+        for attempt in range(max_restarts + 1):
+            try:
+                result = run_rank(job, out, wrap_loader=wrap)
+                write_json(out / RESULT, result.to_dict())
+                return result
+            except LaunchError:
+                raise
+            except SluiceError as e:
+                write_json(out / FATAL, {"type": type(e).__name__, "message": str(e), "rank": 0})
+                raise TrainError(f"{type(e).__name__} (rank 0): {e}") from e
+            except Exception as e:  # noqa: BLE001 - a crash: resume from the checkpoint, as torchrun would
+                if attempt == max_restarts:
+                    raise LaunchError(f"training crashed in-process: {type(e).__name__}: {e}") from e
+                emit(f"[sluice] training crashed ({type(e).__name__}: {e}); restart {attempt + 1} of "
+                     f"{max_restarts} from the last checkpoint\n")
+        raise AssertionError("unreachable")
+    finally:
+        torch.set_num_threads(threads)  # the rank took every core; this process keeps its own setting
+
+
+class TimeLimited:
+    """A train loader that stops the run once ``deadline`` (monotonic) passes, between batches:
+    the in-process stand-in for the torchrun watchdog. Everything else is the loader's."""
+
+    def __init__(self, loader: Any, deadline: float, timeout_s: float):
+        self.loader, self.deadline, self.timeout_s = loader, deadline, timeout_s
+
+    def __iter__(self):
+        for batch in self.loader:
+            if time.monotonic() > self.deadline:
+                raise LaunchError(f"training exceeded timeout_s={self.timeout_s:g} and was stopped; "
+                                  "its last checkpoint is kept")
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
 
 
 def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None) -> tuple[Path, Path]:
