@@ -19,8 +19,10 @@ bench: setup
 	@$(PY) -m pip install -q -e '.[bench]'
 	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout shard_order nightly_growth nightly_warm_sweep; do $(PY) -m benchmarks.$$b --quick || exit 1; done
 
-# GPU check (docs/benchmarks.md, "The GPU check"): build the wheelhouse where PyPI is reachable, carry it to the GPU
-# machine, run `make gpu-check` there (GPU_CHECK_DRY_RUN=1: the CPU dry run, anywhere).
+# GPU check (docs/benchmarks.md, "The GPU check"): build the wheelhouse (Sluice, Prefect and what else a CUDA image
+# lacks, Fashion-MNIST; at most 64 MiB) where PyPI is reachable, carry it to the GPU machine, run `make gpu-check`
+# there: sluice demo, a second night on a grown source, pytest -m gpu, benchmarks.gpu --quick, in 9 minutes
+# (GPU_CHECK_DRY_RUN=1: the CPU dry run, anywhere, with a wheelhouse for this Python: WHEEL_PY=3.11).
 WHEEL_PY ?= 3.12
 wheelhouse:
 	@WHEEL_PY=$(WHEEL_PY) bash scripts/build_wheelhouse.sh

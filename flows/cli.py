@@ -61,6 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     import sluice.flows.nightly as fl
     cfg = _pipeline_config(args)
     fn = {"nightly": fl.nightly, "prepare": fl.prepare, "train": fl.train}[args.flow]
+    if args.flow != "prepare":
+        print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
     result = fn(cfg)
     if args.flow == "prepare":
         print(f"dataset artifact: {result['root']} ({'reused' if result['reused'] else 'written'})")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make wheelhouse`: everything `make gpu-check` installs on a machine without network, beside the
-# image's own CUDA torch: manylinux wheels of scripts/gpu-wheelhouse.txt for the target Python, a
-# wheel of Sluice itself, and the Fashion-MNIST IDX files (the GPU tests and the time-to-accuracy
-# arm train on them; most images lack the Debian package). At most MAX_MIB (64) MiB in all.
+# image's own CUDA torch: manylinux wheels of scripts/gpu-wheelhouse.txt for the target Python
+# (pydantic, WebDataset, Prefect and what its flows and API server import), a wheel of Sluice
+# itself, and the Fashion-MNIST IDX files (sluice demo, the GPU tests and the time-to-accuracy arm
+# train on them; most images lack the Debian package). At most MAX_MIB (64) MiB in all: what can
+# be carried to the GPU machine (cp312: 61.4 MiB, Fashion-MNIST 29.4 of it).
 #
 #   WHEEL_PY=3.12 scripts/build_wheelhouse.sh      # -> wheelhouse/cp312/
 #   WHEEL_PY=3.11 scripts/build_wheelhouse.sh      # -> wheelhouse/cp311/ (this host's dry run)
@@ -50,7 +52,7 @@ grep -vE '^\s*(#|$)' scripts/gpu-wheelhouse.txt > "$OUT.tmp/requirements.txt"
     --platform manylinux_2_28_x86_64 --platform any \
     -r "$OUT.tmp/requirements.txt" -d "$OUT.tmp"
 # Sluice itself (pure Python, any interpreter >= 3.11); its dependencies come from the image and
-# the wheels above (installed with --no-deps: torch is never pulled, nor Prefect)
+# the wheels above (installed with --no-deps: torch is never pulled)
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation . -w "$OUT.tmp"
 if [[ "$FMNIST" != none && -d "$FMNIST" ]]; then
     mkdir -p "$OUT.tmp/data/fashion-mnist"

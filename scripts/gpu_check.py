@@ -7,39 +7,80 @@ On a Linux machine with an NVIDIA GPU and a CUDA build of torch already installe
 
 1. makes a throwaway virtualenv that reuses that torch (``--system-site-packages``; where the
    interpreter with torch is itself a virtualenv, a ``.pth`` file naming its site-packages);
-2. installs Sluice and what the image lacks from the wheelhouse (``make wheelhouse``), with
-   ``--no-index --no-deps``: torch is never pulled, nor Prefect (see scripts/gpu-wheelhouse.txt);
-3. checks what the GPU tests and the benchmark import, and where each module comes from;
-4. runs ``pytest -m gpu`` on the GPU test files and ``python -m benchmarks.gpu --quick`` from a
+2. installs Sluice, Prefect and what else the image lacks from the wheelhouse (``make
+   wheelhouse``; scripts/gpu-wheelhouse.txt says what and why), with ``--no-index --no-deps``:
+   torch is never pulled;
+3. checks what the GPU tests and the benchmark import (without Prefect), what the front door
+   imports (Prefect and its API server), and where each module comes from;
+4. runs the front door as a user does, nothing set by hand: ``sluice demo`` (Prefect's temporary
+   API server, no server to start; data root ``<results>/sluice-data``), then a second night,
+   ``sluice run nightly``, on the same source grown by 10% (the demo's copy of Fashion-MNIST,
+   grown in place by mirrored copies of a tenth of its images under new keys), which must start
+   warm from the demo's champion. Each run's wall time, accuracy, promotion and the host
+   settings the run resolved to (device, ranks, batch) go into the summary;
+5. runs ``pytest -m gpu`` on the GPU test files and ``python -m benchmarks.gpu --quick`` from a
    copy of ``tests/`` and ``benchmarks/`` (so the *installed* Sluice is what runs), and
-5. writes every log and result into one folder, ``gpu-check-results/<UTC time>/``, and prints
+6. writes every log and result into one folder, ``gpu-check-results/<UTC time>/``, and prints
    what was skipped and why.
+
+Every step has its own time limit (``STEP_LIMITS``) and the quick check stops starting steps
+after 9 minutes in all (``--budget``): a step that runs out of time is recorded as timed out and
+the next one runs. The GPU run passes the front door nothing but its data root and the grown
+source; only the CPU dry run shortens the flows' training (``DRY_RUN_SETTINGS``), which the
+summary records.
 
 Without a GPU it stops at once with a one-line message (exit 3), unless ``--dry-run`` (or
 ``GPU_CHECK_DRY_RUN=1``): then it does all of the above on the CPU, where every GPU test must skip
-cleanly and the benchmark runs its CPU-side arms only. This script needs only the standard
-library; the interpreter with torch is found as ``$GPU_PY``, else this one, else ``.venv/bin/python``.
+cleanly and the benchmark runs its CPU-side arms only. The dry run's env sees from the interpreter
+with torch only what a CUDA image brings (``IMAGE_PACKAGES`` and what they require), so a wheel
+missing from the wheelhouse fails here too. This script needs only the standard library; the
+interpreter with torch is found as ``$GPU_PY``, else this one, else ``.venv/bin/python``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_TEST_FILES = ["tests/test_gpu_paths.py", "tests/test_train.py", "tests/test_loader_dali.py"]
+GPU_TEST_FILES = ["tests/test_gpu_paths.py", "tests/test_train.py", "tests/test_loader_dali.py",
+                  "tests/test_placement.py", "tests/test_loader_on_gpu.py", "tests/test_step_syncs.py"]
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
-# what the GPU tests and benchmarks.gpu import: from the image, or from the wheelhouse (*)
+# what the GPU tests and benchmarks.gpu import: from the image, or from the wheelhouse (*); in a
+# process of their own, which must not import Prefect
 IMPORTS = ["torch", "numpy", "cv2", "PIL", "yaml", "fsspec", "tqdm", "pytest", "pytest_timeout",
            "pydantic*", "pydantic_core*", "webdataset*", "sluice*", "sluice.stages.load",
            "sluice.stages.train", "sluice.storage.registry", "sluice.stages.data.shard"]
+# what the front door imports: the flows, Prefect and its API server, all from the wheelhouse
+FRONT_DOOR_IMPORTS = ["prefect*", "fastapi*", "sqlalchemy*", "aiosqlite*", "uvicorn*", "docket*",
+                      "matplotlib", "sluice.flows.nightly*", "prefect.server.api.server*"]
+# What a CUDA image is assumed to bring (scripts/gpu-wheelhouse.txt); the dry run's env sees these
+# and what they require from the interpreter with torch, nothing else
+IMAGE_PACKAGES = ["torch", "torchvision", "timm", "transformers", "tokenizers", "safetensors",
+                  "huggingface-hub", "numpy", "pillow", "opencv-python", "opencv-python-headless",
+                  "matplotlib", "pyyaml", "fsspec", "tqdm", "packaging", "typing-extensions", "jinja2",
+                  "requests", "regex", "pytest", "pytest-timeout"]
+# Each step's time limit in seconds, on a GPU (quick check) and in the CPU dry run; --full: none
+# but --budget's. The quick check on one H100 fits in 9 minutes (BUDGET): the env ~1, the demo
+# 2-3, the second night 1-2, the tests and benchmark the rest.
+STEP_LIMITS = {"gpu": {"install": 180, "imports": 120, "demo": 240, "night": 180, "pytest": 180, "benchmark": 240},
+               "dry-run": {"install": 300, "imports": 120, "demo": 900, "night": 900, "pytest": 600,
+                           "benchmark": 900}}
+BUDGET = {"gpu": 540, "dry-run": 3600}
+# The CPU dry run alone shortens the flows' training (two CPU cores would take the demo's full
+# budget many minutes); the GPU run sets nothing by hand: the front door as a user runs it.
+DRY_RUN_SETTINGS = {"demo": ["train.epochs=1"], "night": ["warm.epochs=0.5"]}
+GROW_FRACTION = 0.1  # the second night's source: Fashion-MNIST and 10% more
 
 PROBE = r"""
 import json, os, shutil, subprocess, sys, site
@@ -77,9 +118,78 @@ for name in json.loads(sys.argv[2]):
                      "why": None if ok else "expected from the wheelhouse (the throwaway env), found elsewhere"}
     except Exception as e:  # noqa: BLE001 - reported, not raised
         out[name] = {"ok": False, "where": None, "why": f"{type(e).__name__}: {e}"}
-out["prefect not imported"] = {"ok": "prefect" not in sys.modules, "where": None,
-                               "why": None if "prefect" not in sys.modules else "a stage imported Prefect"}
+if sys.argv[3] == "without-prefect":
+    out["prefect not imported"] = {"ok": "prefect" not in sys.modules, "where": None,
+                                   "why": None if "prefect" not in sys.modules else "a stage imported Prefect"}
 print(json.dumps(out))
+"""
+
+# The interpreter with torch, in the dry run: a folder of links to what the image is assumed to
+# bring (IMAGE_PACKAGES and, recursively, what each requires), each as installed in this Python
+IMAGE_VIEW = r"""
+import importlib.metadata as md, json, os, re, sys
+dest, want = sys.argv[1], json.loads(sys.argv[2])
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+dists = {}
+for d in md.distributions():
+    dists.setdefault(norm(d.metadata["Name"] or ""), d)
+todo, seen = [norm(n) for n in want], []
+while todo:
+    n = todo.pop()
+    if n in seen or n not in dists:
+        continue
+    seen.append(n)
+    for req in dists[n].requires or []:
+        if not re.search(r"extra\s*==", req):
+            todo.append(norm(re.match(r"[A-Za-z0-9_.-]+", req).group(0)))
+for n in seen:
+    d = dists[n]
+    for top in sorted({f.parts[0] for f in d.files or [] if f.parts and f.parts[0] != ".."}):
+        src, link = str(d.locate_file(top)), os.path.join(dest, top)
+        if os.path.exists(src) and not os.path.lexists(link) and not top.endswith(".pth"):
+            os.symlink(src, link)
+print(json.dumps(sorted(seen)))
+"""
+
+# The second night's source: the demo's own Fashion-MNIST folder (a copy), grown in place by a
+# seeded tenth more training images, mirrored copies of existing ones (the dataset has no more),
+# appended after the 60,000 so that every earlier image keeps its key ("train-000123"); the test
+# files stay as they are. Written uncompressed beside the .gz (the IDX source reads that first),
+# then the .gz goes: the same source, grown, as a user's folder grows between two nights
+GROW = r"""
+import json, os, struct, sys
+from pathlib import Path
+import numpy as np
+from sluice.stages.data.sources.idx import read_idx
+src, frac = Path(sys.argv[1]), float(sys.argv[2])
+def load(stem):
+    return read_idx(next(p for p in (src / stem, src / (stem + ".gz")) if p.is_file()))
+def save(stem, a):
+    tmp = src / (stem + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack(">HBB", 0, 8, a.ndim) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes())
+    os.replace(tmp, src / stem)
+    (src / (stem + ".gz")).unlink(missing_ok=True)
+x, y = load("train-images-idx3-ubyte"), load("train-labels-idx1-ubyte")
+n = int(round(len(x) * frac))
+pick = np.sort(np.random.default_rng(7).choice(len(x), n, replace=False))
+save("train-images-idx3-ubyte", np.concatenate([x, x[pick][:, :, ::-1]]).astype(np.uint8))
+save("train-labels-idx1-ubyte", np.concatenate([y, y[pick]]).astype(np.uint8))
+print(json.dumps({"source": str(src), "images": len(x) + n, "added": n, "first_new_key": f"train-{len(x):06d}"}))
+"""
+
+# The registry after a run: every model, its metrics and warm start, and the champion
+REGISTRY = r"""
+import json, sys
+from sluice.storage.registry import Registry
+reg = Registry(sys.argv[1])
+champ = reg.champion()
+print(json.dumps({"champion": champ.model_id if champ else None, "models": [
+    {"model_id": r.model_id, "metric": r.metric, "value": r.value, "test": (r.metrics or {}).get("test"),
+     "dataset": r.dataset_fingerprint[:16],
+     "warm_start": {k: v for k, v in (r.warm_start or {}).items() if k in
+                    ("init", "parent_model", "new", "replayed", "epochs", "lr_scale")} or None}
+    for r in reg.list()]}, default=str))
 """
 
 
@@ -111,45 +221,105 @@ def probe(candidates: list[str]) -> dict:
                "); set GPU_PY to the interpreter that has the CUDA build of torch")
 
 
-def run(cmd: list[str], log: Path, cwd: Path | None = None, env: dict | None = None,
+def run(cmd: list, log: Path, cwd: Path | None = None, env: dict | None = None,
         echo: bool = False, timeout: float | None = None) -> int:
-    """Run ``cmd``, its output into ``log`` (and to the console with ``echo``); its exit code."""
+    """Run ``cmd``, its output into ``log`` (and to the console with ``echo``); its exit code, or
+    124 when it ran past ``timeout`` seconds (then it and every process it started is killed)."""
     with open(log, "a") as f:
         f.write(f"$ {' '.join(map(str, cmd))}\n")
         f.flush()
         p = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        try:
+                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+
+        def pump() -> None:
             for line in p.stdout:
                 f.write(line)
+                f.flush()
                 if echo:
                     sys.stdout.write(line)
                     sys.stdout.flush()
-            return p.wait(timeout=timeout)
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            p.kill()
-            return 124
+            kin = descendants(p.pid)  # the training ranks run in sessions of their own
+            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+                for pid in kin:
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    p.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            rc = 124
+        else:  # the group's leader is gone: end what it left behind (a server, a rank)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        reader.join(timeout=30)
+        if rc == 124:
+            f.write(f"gpu-check: timed out after {timeout:.0f} s; killed\n")
+        return rc
 
 
-def make_venv(base: dict, venv: Path, log: Path) -> tuple[Path, list[str]]:
-    """A throwaway venv seeing ``base``'s torch; (its python, the pip command for it)."""
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc; none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def make_venv(base: dict, venv: Path, log: Path, image_only: bool = False) -> tuple[Path, list[str]]:
+    """A throwaway venv seeing ``base``'s torch; (its python, the pip command for it). With
+    ``image_only`` (the dry run) it sees only what a CUDA image brings (IMAGE_PACKAGES) of the
+    base's packages, through a folder of links beside it."""
     py = base["python"]
-    flags = [] if base["in_venv"] else ["--system-site-packages"]
+    flags = [] if base["in_venv"] or image_only else ["--system-site-packages"]
     if run([py, "-m", "venv", *flags, venv], log) != 0:  # no ensurepip (Debian without python3-venv)
         shutil.rmtree(venv, ignore_errors=True)
         if run([py, "-m", "venv", "--without-pip", *flags, venv], log) != 0:
             raise fail(f"cannot create a virtualenv with {py} (see {log})")
     vpy = venv / "bin" / "python"
-    if base["in_venv"]:  # a venv's packages are not "system" ones: name them in a .pth file
+    site = base["site"]
+    if image_only:
+        view = venv.parent / "image-site"
+        view.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([py, "-c", IMAGE_VIEW, str(view), json.dumps(IMAGE_PACKAGES)], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise fail(f"cannot make the image's view of {py}: {r.stderr.strip()[-500:]}")
+        with open(log, "a") as f:
+            f.write(f"image view {view}: {r.stdout.strip()}\n")
+        site = [str(view)]
+    if base["in_venv"] or image_only:  # a venv's packages are not "system" ones: name them in a .pth file
         purelib = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  capture_output=True, text=True, check=True).stdout.strip()
-        Path(purelib, "_gpu_check_base.pth").write_text("\n".join(base["site"]) + "\n")
+        Path(purelib, "_gpu_check_base.pth").write_text("\n".join(site) + "\n")
     has_pip = subprocess.run([vpy, "-m", "pip", "--version"], capture_output=True).returncode == 0
     pip = [str(vpy), "-m", "pip"] if has_pip else [py, "-m", "pip", "--python", str(vpy)]
     return vpy, pip
 
 
-def install(pip: list[str], wheelhouse: Path, log: Path) -> list[str]:
+def install(pip: list[str], wheelhouse: Path, log: Path, timeout: float | None = None) -> list[str]:
     wheels = sorted(str(p) for p in wheelhouse.glob("*.whl"))
     if not any(Path(w).name.startswith("sluice-") for w in wheels):
         raise fail(f"{wheelhouse} has no sluice wheel; rebuild it with make wheelhouse")
@@ -157,8 +327,9 @@ def install(pip: list[str], wheelhouse: Path, log: Path) -> list[str]:
     # into the env even where the base already has a copy (so the wheelhouse is what is tested)
     cmd = [*pip, "install", "--no-index", "--no-deps", "--ignore-installed", "--disable-pip-version-check",
            "--find-links", str(wheelhouse), *wheels]
-    if run(cmd, log) != 0:
-        raise fail(f"installing from {wheelhouse} failed (see {log})")
+    rc = run(cmd, log, timeout=timeout)
+    if rc != 0:
+        raise fail(f"installing from {wheelhouse} {'timed out' if rc == 124 else 'failed'} (see {log})")
     return [Path(w).name for w in wheels]
 
 
@@ -179,6 +350,63 @@ def skipped_tests(junit: Path) -> tuple[dict, list[dict]]:
     return counts, skipped
 
 
+CANDIDATE = re.compile(r"^candidate\s*: (?P<model>\S+) (?P<split>\S+) accuracy (?P<acc>[0-9.]+) "
+                       r"\((?P<report_split>\S+) (?P<report_acc>[0-9.]+)\) -> (?P<outcome>promoted|not promoted) "
+                       r"\((?P<reason>.*)\)\s*$", re.M)
+RESOLVED = re.compile(r"^#? ?resolved for this host(?: at run time)?: (.+?)  \(", re.M)  # "  (HOST_NOTE)"
+
+
+def outcome(text: str) -> dict:
+    """What a front-door run printed: the host settings it resolved to, its candidate's accuracy
+    and promotion, and where it trained (flows/cli.py's banner and outcome block)."""
+    res: dict = {}
+    m = RESOLVED.search(text)
+    res["resolved"] = m.group(1) if m else None
+    m = CANDIDATE.search(text)
+    if m:
+        res.update(model_id=m["model"], eval_split=m["split"], accuracy=float(m["acc"]),
+                   report_split=m["report_split"], report_accuracy=float(m["report_acc"]),
+                   promoted=m["outcome"] == "promoted", reason=m["reason"])
+    for key, label in (("trained_on", "trained on"), ("champion", "champion")):
+        m = re.search(rf"^{label}\s*: (.+?)\s*$", text, re.M)
+        res[key] = m.group(1) if m else None
+    return res
+
+
+def front_door(name: str, cmd: list, out: Path, cwd: Path, env: dict, timeout: float | None,
+               vpy: Path, data_root: Path) -> dict:
+    """One run of the ``sluice`` command, as a user runs it: its outcome and the registry after it."""
+    log = out / f"{name}.log"
+    say(" ".join(map(str, cmd[1:] if cmd[0] == vpy else [Path(cmd[0]).name, *cmd[1:]])))
+    t = time.time()
+    rc = run(cmd, log, cwd=cwd, env=env, echo=True, timeout=timeout)
+    res = {"rc": rc, "timed_out": rc == 124, "seconds": round(time.time() - t, 1),
+           **outcome(log.read_text(errors="replace"))}
+    r = subprocess.run([vpy, "-c", REGISTRY, str(data_root / "registry")], capture_output=True, text=True,
+                       cwd=cwd, env=env, timeout=300)
+    res["registry"] = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"error": r.stderr[-1000:]}
+    return res
+
+
+def brief(name: str, r: dict) -> str:
+    if r.get("timed_out"):
+        return f"{name}: timed out after {r['seconds']:.0f} s"
+    if "accuracy" not in r:
+        return f"{name}: no outcome (exit {r.get('rc')}, {r.get('seconds', 0):.0f} s)"
+    warm = (r.get("warm_start") or {})
+    return (f"{name}: {r['seconds']:.0f} s, {r['eval_split']} accuracy {r['accuracy']:.4f} "
+            f"({r['report_split']} {r['report_accuracy']:.4f}), "
+            f"{'promoted' if r['promoted'] else 'not promoted'} ({r['reason']}); resolved: {r['resolved']}"
+            + (f"; warm from {warm['parent_model']} ({warm.get('new')} new + {warm.get('replayed')} replayed)"
+               if warm.get("parent_model") else ""))
+
+
+def front_door_settings(mode: str) -> dict[str, list[str]]:
+    """The ``--set`` each front-door run gets beyond its data root and source: none on a GPU (the
+    demo and the night as a user runs them); the CPU dry run's shorter training (recorded)."""
+    return {k: list(v) for k, v in DRY_RUN_SETTINGS.items()} if mode == "dry-run" else {"demo": [], "night": []}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", default=os.environ.get("GPU_CHECK_DRY_RUN") == "1",
@@ -188,8 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT"), help="default: gpu-check-results/<UTC time>")
     ap.add_argument("--full", action="store_true", help="the full benchmark instead of --quick")
     ap.add_argument("--keep-venv", action="store_true", help="keep the throwaway env (in the results folder)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds after which no step starts (default: 540 on a GPU, 3600 in the dry run; "
+                         "--full: none)")
     args = ap.parse_args(argv)
 
+    started = time.time()
     base = probe([os.environ.get("GPU_PY", ""), sys.executable, str(ROOT / ".venv/bin/python")])
     if not base["cuda"] and not args.dry_run:
         why = ("torch is a CPU build" if not base["cuda_build"] else
@@ -202,28 +434,56 @@ def main(argv: list[str] | None = None) -> int:
                    f"(make wheelhouse WHEEL_PY={base['version']}) and copy it here")
     out = Path(args.out or ROOT / "gpu-check-results" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    mode = "dry run (CPU)" if not base["cuda"] else f"GPU {base.get('gpu')}"
-    say(f"{mode}; torch {base['torch']} (CUDA {base['cuda_build']}) from {base['python']}; "
-        f"wheelhouse {wh}; results in {out}")
-    summary: dict = {"mode": "dry-run" if not base["cuda"] else "gpu", "base": base, "wheelhouse": str(wh),
-                     "steps": {}, "skipped": []}
+    mode = "gpu" if base["cuda"] else "dry-run"
+    limits = {k: (None if args.full else v) for k, v in STEP_LIMITS[mode].items()}
+    budget = args.budget if args.budget is not None else (None if args.full else BUDGET[mode])
+    deadline = started + budget if budget else None
+    sets = front_door_settings(mode)
+    say(f"{'dry run (CPU)' if mode == 'dry-run' else 'GPU ' + str(base.get('gpu'))}; torch {base['torch']} "
+        f"(CUDA {base['cuda_build']}) from {base['python']}; wheelhouse {wh}; results in {out}")
+    summary: dict = {"mode": mode, "base": base, "wheelhouse": str(wh), "budget_s": budget,
+                     "front_door_settings": sets, "steps": {}, "skipped": []}
+    steps = summary["steps"]
+
+    def limit(step: str) -> float | None:
+        """The step's time limit: its own, cut to what is left of the budget (None: no limit)."""
+        left = None if deadline is None else deadline - time.time()
+        own = limits.get(step)
+        return left if own is None else own if left is None else min(own, left)
+
+    def out_of_time(step: str) -> bool:
+        t = limit(step)
+        if t is not None and t < 15:
+            steps[step] = {"ok": False, "timed_out": True, "seconds": 0,
+                           "why": f"not started: the check's {budget:.0f} s were spent"}
+            say(f"{step}: not started, the check's {budget:.0f} s were spent")
+            return True
+        return False
+
     work = Path(tempfile.mkdtemp(prefix="sluice-gpu-check-"))
     venv = (out / "venv") if args.keep_venv else work / "venv"
     try:
         t = time.time()
-        vpy, pip = make_venv(base, venv, out / "install.log")
-        summary["installed"] = install(pip, wh, out / "install.log")
-        summary["steps"]["install"] = {"ok": True, "seconds": round(time.time() - t, 1)}
+        vpy, pip = make_venv(base, venv, out / "install.log", image_only=mode == "dry-run")
+        summary["installed"] = install(pip, wh, out / "install.log", timeout=limit("install"))
+        steps["install"] = {"ok": True, "seconds": round(time.time() - t, 1)}
         say(f"installed {len(summary['installed'])} wheels into a throwaway env ({time.time() - t:.0f} s)")
 
+        t = time.time()
         prefix = subprocess.run([vpy, "-c", "import sys; print(sys.prefix)"], capture_output=True,
                                 text=True).stdout.strip()
-        r = subprocess.run([vpy, "-c", CHECK_IMPORTS, prefix, json.dumps(IMPORTS)], capture_output=True,
-                           text=True, cwd=work)
-        imports = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"probe": {"ok": False, "why": r.stderr[-2000:]}}
+        imports = {}
+        for names, what in ((IMPORTS, "without-prefect"), (FRONT_DOOR_IMPORTS, "front-door")):
+            try:
+                r = subprocess.run([vpy, "-c", CHECK_IMPORTS, prefix, json.dumps(names), what], capture_output=True,
+                                   text=True, cwd=work, timeout=limit("imports"))
+                imports.update(json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip()
+                               else {f"probe ({what})": {"ok": False, "why": r.stderr[-2000:]}})
+            except subprocess.TimeoutExpired:
+                imports[f"probe ({what})"] = {"ok": False, "why": "timed out"}
         (out / "imports.json").write_text(json.dumps(imports, indent=2) + "\n")
         bad = {k: v["why"] for k, v in imports.items() if not v["ok"]}
-        summary["steps"]["imports"] = {"ok": not bad, "problems": bad}
+        steps["imports"] = {"ok": not bad, "problems": bad, "seconds": round(time.time() - t, 1)}
         for k, why in bad.items():
             say(f"import check: {k}: {why}")
 
@@ -238,38 +498,116 @@ def main(argv: list[str] | None = None) -> int:
                 and (wh / "data" / "fashion-mnist").is_dir():
             env["SLUICE_FASHION_MNIST"] = str(wh / "data" / "fashion-mnist")
 
-        t = time.time()
-        files = [f for f in GPU_TEST_FILES if (src / f).exists()]
-        say(f"pytest -m gpu {' '.join(files)}")
-        rc = run([vpy, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider",
-                  f"--junitxml={out / 'pytest.xml'}", *files], out / "pytest.log", cwd=src, env=env, echo=True)
-        counts, skipped = skipped_tests(out / "pytest.xml")
-        ran = counts.get("tests", 0) - counts.get("skipped", 0)
-        ok = rc == 0 and (ran > 0 if base["cuda"] else counts.get("failures", 0) + counts.get("errors", 0) == 0)
-        summary["steps"]["pytest"] = {"ok": ok, "rc": rc, **counts, "seconds": round(time.time() - t, 1)}
-        summary["skipped"] += [{"what": s["test"], "why": s["reason"]} for s in skipped]
+        # The front door: `sluice demo`, then a night on a grown source, as a user runs them. Prefect
+        # keeps its database and settings in the throwaway folder (no ~/.prefect read or left behind).
+        # Its Fashion-MNIST is a copy of the one the tests read (the wheelhouse's, where the image
+        # has none), named by SLUICE_FASHION_MNIST as there: the second night grows it in place.
+        fm_from = Path(env.get("SLUICE_FASHION_MNIST") or DEBIAN_FMNIST)
+        fm = work / "fashion-mnist"
+        fm.mkdir()
+        for f in fm_from.glob("*-ubyte*"):
+            shutil.copy(f, fm / f.name)
+        fenv = {**env, "PREFECT_HOME": str(work / "prefect"), "SLUICE_FASHION_MNIST": str(fm)}
+        sluice = venv / "bin" / "sluice"
+        cli = [sluice] if sluice.exists() else [vpy, "-m", "sluice.flows.cli"]
+        data_root = out / "sluice-data"
+        if not out_of_time("demo"):
+            cmd = [*cli, "demo", "--data-root", data_root, *[a for kv in sets["demo"] for a in ("--set", kv)]]
+            demo = front_door("demo", cmd, out, work, fenv, limit("demo"), vpy, data_root)
+            reg = demo.get("registry") or {}
+            demo["ok"] = (demo["rc"] == 0 and "accuracy" in demo and bool(reg.get("champion")))
+            steps["demo"] = demo
+            say(brief("demo", demo))
+        champion = ((steps.get("demo") or {}).get("registry") or {}).get("champion")
+        if champion and not out_of_time("night"):
+            t = time.time()
+            r = subprocess.run([vpy, "-c", GROW, str(fm), str(GROW_FRACTION)], capture_output=True, text=True,
+                               cwd=work, env=fenv, timeout=limit("night"))
+            grow = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"error": r.stderr[-2000:]}
+            with open(out / "night.log", "a") as f:
+                f.write(f"grow: {json.dumps(grow)} ({time.time() - t:.1f} s)\n")
+            if "error" in grow:
+                steps["night"] = {"ok": False, "grow": grow, "seconds": round(time.time() - t, 1)}
+                say(f"night: could not grow the source: {grow['error'][-300:]}")
+            else:
+                over = [a for kv in sets["night"] for a in ("--set", kv)]
+                # what a run with these settings resolves to on this host (`sluice run` prints no banner)
+                run([*cli, "config", "show", "--data-root", data_root, *over], out / "night.log", cwd=work,
+                    env=fenv, timeout=120)
+                night = front_door("night", [*cli, "run", "nightly", "--data-root", data_root, *over], out, work,
+                                   fenv, limit("night"), vpy, data_root)
+                night["run_seconds"] = night["seconds"]  # `sluice run nightly` alone
+                night["seconds"] = round(time.time() - t, 1)  # the source's growing and the config included
+                night["grow"] = grow
+                models = {m["model_id"]: m for m in (night.get("registry") or {}).get("models", [])}
+                night["warm_start"] = (models.get(night.get("model_id")) or {}).get("warm_start")
+                night["ok"] = (night["rc"] == 0 and "accuracy" in night
+                               and (night["warm_start"] or {}).get("parent_model") == champion)
+                if night["rc"] == 0 and not night["ok"]:
+                    night["why"] = f"expected a warm start from the demo's champion {champion}"
+                steps["night"] = night
+                say(brief("night", night))
+        elif not champion and "night" not in steps:
+            steps["night"] = {"ok": False, "why": "not run: the demo left no champion to start from"}
+        # the two dataset versions (~350 MB in three formats) would not come back from the GPU
+        # machine; the registry, runs and logs stay
+        shutil.rmtree(out / "sluice-data" / "datasets", ignore_errors=True)
 
-        t = time.time()
-        bench = [vpy, "-m", "benchmarks.gpu", "--out", str(out / "gpu.json"), *([] if args.full else ["--quick"])]
-        say("python -m " + " ".join(map(str, bench[2:])))
-        rc = run(bench, out / "bench.log", cwd=src, env=env, echo=True, timeout=3600)
-        res = json.loads((out / "gpu.json").read_text()) if (out / "gpu.json").exists() else {}
-        summary["steps"]["benchmark"] = {"ok": rc == 0 and bool(res), "rc": rc, "seconds": round(time.time() - t, 1)}
-        summary["skipped"] += [{"what": f"benchmark: {k}", "why": v} for k, v in res.get("skipped", {}).items()]
+        if not out_of_time("pytest"):
+            t = time.time()
+            files = [f for f in GPU_TEST_FILES if (src / f).exists()]
+            say(f"pytest -m gpu {' '.join(files)}")
+            rc = run([vpy, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider",
+                      f"--junitxml={out / 'pytest.xml'}", *files], out / "pytest.log", cwd=src, env=env, echo=True,
+                     timeout=limit("pytest"))
+            counts, skipped = skipped_tests(out / "pytest.xml")
+            ran = counts.get("tests", 0) - counts.get("skipped", 0)
+            ok = rc == 0 and (ran > 0 if base["cuda"] else counts.get("failures", 0) + counts.get("errors", 0) == 0)
+            steps["pytest"] = {"ok": ok, "rc": rc, "timed_out": rc == 124, **counts,
+                               "seconds": round(time.time() - t, 1)}
+            summary["skipped"] += [{"what": s["test"], "why": s["reason"]} for s in skipped]
+
+        if not out_of_time("benchmark"):
+            t = time.time()
+            bench = [vpy, "-m", "benchmarks.gpu", "--out", str(out / "gpu.json"), *([] if args.full else ["--quick"])]
+            say("python -m " + " ".join(map(str, bench[2:])))
+            rc = run(bench, out / "bench.log", cwd=src, env=env, echo=True, timeout=limit("benchmark") or 3600)
+            res = json.loads((out / "gpu.json").read_text()) if (out / "gpu.json").exists() else {}
+            steps["benchmark"] = {"ok": rc == 0 and bool(res), "rc": rc, "timed_out": rc == 124,
+                                  "seconds": round(time.time() - t, 1)}
+            summary["skipped"] += [{"what": f"benchmark: {k}", "why": v} for k, v in res.get("skipped", {}).items()]
+
+        if args.full and not out_of_time("front_door"):  # the front door against the plain loop, 3 seeds
+            t = time.time()
+            bench = [vpy, "-m", "benchmarks.gpu_front_door", "--out", str(out / "gpu_front_door.json")]
+            say("python -m " + " ".join(map(str, bench[2:])))
+            rc = run(bench, out / "front_door.log", cwd=src, env={**env, "PREFECT_HOME": str(work / "prefect-bench")},
+                     echo=True, timeout=7200)  # the untouched Fashion-MNIST, not the grown copy
+            steps["front_door"] = {"ok": rc == 0 and (out / "gpu_front_door.json").exists(), "rc": rc,
+                                   "timed_out": rc == 124, "seconds": round(time.time() - t, 1)}
     finally:
         if not args.keep_venv:
             shutil.rmtree(work, ignore_errors=True)
-    summary["ok"] = all(s["ok"] for s in summary["steps"].values())
+    summary["seconds"] = round(time.time() - started, 1)
+    summary["ok"] = all(s["ok"] for s in steps.values())
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print()
     say(f"skipped ({len(summary['skipped'])}):")
     for s in summary["skipped"]:
         print(f"  - {s['what']}: {s['why']}")
-    for name, s in summary["steps"].items():
-        say(f"{name}: {'ok' if s['ok'] else 'FAILED'}")
+    for name in ("demo", "night"):
+        if name in steps and "rc" in steps[name]:
+            say(brief(name, steps[name]))
+    if any(sets.values()):
+        say("the dry run shortened the front door's training: " +
+            "; ".join(f"{k}: --set {' --set '.join(v)}" for k, v in sets.items() if v))
+    for name, s in steps.items():
+        state = "ok" if s["ok"] else "TIMED OUT" if s.get("timed_out") else "FAILED"
+        say(f"{name}: {state}" + (f" ({s['seconds']:.0f} s)" if s.get("seconds") else "")
+            + (f": {s['why']}" if s.get("why") and not s["ok"] else ""))
     if summary["ok"] and base["cuda"]:
         say(f"passed; to publish the benchmark: cp {out / 'gpu.json'} benchmarks/results/gpu.json")
-    say(f"{'passed' if summary['ok'] else 'FAILED'}: everything is in {out}")
+    say(f"{'passed' if summary['ok'] else 'FAILED'} in {summary['seconds']:.0f} s: everything is in {out}")
     return 0 if summary["ok"] else 1
 
 

@@ -1,14 +1,36 @@
 """`make gpu-check` and `make wheelhouse` where no GPU is: the clear refusal, the size budget, the
-CPU dry run never written as GPU results, and no Prefect behind the GPU tests (offline, fast)."""
+CPU dry run never written as GPU results, no Prefect behind the GPU tests, Prefect and the rest of
+the front door in the wheelhouse, and the front door's pieces: the outcome it reads from `sluice`,
+the grown source, the image's view, a step's time limit, and nothing set by hand on a GPU."""
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import json
 import os
+import re
+import struct
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _wheel_list() -> dict[str, str]:
+    lines = (ROOT / "scripts" / "gpu-wheelhouse.txt").read_text().lower().splitlines()
+    return dict(line.split("==") for line in lines if line.strip() and not line.startswith("#"))
 
 
 @pytest.mark.slow
@@ -36,13 +58,26 @@ def test_wheelhouse_size_check_rejects_oversize(tmp_path):
     assert ok.returncode == 0 and "budget 3 MiB" in ok.stdout
 
 
+def test_wheelhouse_holds_the_front_door_at_the_tested_versions_and_no_torch():
+    """Prefect and its API server are in the wheelhouse, at the versions pyproject.toml pins (the
+    ones the suite runs with); every line is pinned; torch and numpy come from the image."""
+    wanted = _wheel_list()
+    assert all(re.fullmatch(r"[0-9][0-9a-z.+]*", v) for v in wanted.values()), wanted
+    pins = dict(re.findall(r'"(prefect|fastapi)==([^"]+)"', (ROOT / "pyproject.toml").read_text()))
+    assert pins and all(wanted.get(name) == v for name, v in pins.items()), pins
+    for name in ("pydantic", "pydantic-core", "webdataset", "sqlalchemy", "aiosqlite", "uvicorn", "pydocket",
+                 "asyncpg", "cryptography"):
+        assert name in wanted, name
+    assert not any(p.startswith(("torch", "numpy", "nvidia-", "opencv", "pytest")) for p in wanted)
+    gc = _gpu_check()
+    image = {p.lower() for p in gc.IMAGE_PACKAGES}
+    assert {"torch", "numpy", "pytest", "matplotlib"} <= image and not image & {"prefect", "pydantic", "webdataset"}
+
+
 @pytest.mark.slow
-def test_wheelhouse_holds_no_prefect_and_the_gpu_tests_import_none():
-    """Prefect is left out of the wheelhouse: what the GPU tests and benchmark import must not
-    import it (scripts/gpu-wheelhouse.txt says why)."""
-    wanted = (ROOT / "scripts" / "gpu-wheelhouse.txt").read_text().lower()
-    listed = [line.split("==")[0] for line in wanted.splitlines() if line and not line.startswith("#")]
-    assert "pydantic" in listed and not any(p.startswith(("prefect", "fastapi", "torch")) for p in listed)
+def test_the_gpu_tests_import_no_prefect():
+    """What the GPU tests and benchmark import must not import Prefect: they run (and are checked
+    for it) in a process of their own, apart from the front door."""
     code = ("import sys; sys.path[:0] = ['tests', '.'];"
             "import test_gpu_paths, test_train, benchmarks.gpu, benchmarks.gpu_tta, benchmarks.time_to_accuracy;"
             "from sluice.flows.pipeline import PipelineConfig, training_job;"
@@ -50,6 +85,97 @@ def test_wheelhouse_holds_no_prefect_and_the_gpu_tests_import_none():
             "assert 'prefect' not in sys.modules, 'prefect imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_gpu_run_sets_nothing_by_hand_and_the_dry_run_says_what_it_shortens():
+    gc = _gpu_check()
+    assert gc.front_door_settings("gpu") == {"demo": [], "night": []}
+    dry = gc.front_door_settings("dry-run")
+    assert dry == gc.DRY_RUN_SETTINGS and all(re.fullmatch(r"[a-z_.]+=[0-9.]+", kv) for v in dry.values() for kv in v)
+    # the quick check on a GPU fits its 9 minutes: the limits of the steps after the env, in the budget
+    assert gc.BUDGET["gpu"] <= 540 and all(v <= gc.BUDGET["gpu"] for v in gc.STEP_LIMITS["gpu"].values())
+
+
+def test_the_outcome_is_read_from_what_sluice_prints(tmp_path, capsys):
+    """gpu_check reads each front-door run's banner and outcome block as flows/cli.py prints them."""
+    from types import SimpleNamespace
+
+    from sluice.flows import cli
+    gc = _gpu_check()
+    cfg = SimpleNamespace(registry_dir=lambda: tmp_path / "registry")
+    result = {"dataset": {"root": "d"}, "run_dir": "r", "train": {"summary": {"host": "cuda: 1 × H100, bf16"}},
+              "promotion": {"model_id": "20261126T1-ab", "eval_split": "val", "candidate_value": 0.9123,
+                            "report_split": "test", "report": {"acc": 0.9051}, "promoted": False,
+                            "reason": "0.9123 < champion 0.9200"}}
+    cli._print_outcome(cfg, result)
+    banner = f"resolved for this host: avx2: fp32, 2 ranks x 1 thread, 64 per rank  ({cli.HOST_NOTE})\n"
+    got = gc.outcome(banner + capsys.readouterr().out)
+    assert got == {"resolved": "avx2: fp32, 2 ranks x 1 thread, 64 per rank", "model_id": "20261126T1-ab",
+                   "eval_split": "val", "accuracy": 0.9123, "report_split": "test", "report_accuracy": 0.9051,
+                   "promoted": False, "reason": "0.9123 < champion 0.9200", "trained_on": "cuda: 1 × H100, bf16",
+                   "champion": None}
+    shown = f"# resolved for this host at run time: cuda: 1 × H100, bf16, 1 rank  ({cli.HOST_NOTE})\n"
+    assert gc.outcome(shown)["resolved"] == "cuda: 1 × H100, bf16, 1 rank"
+
+
+def _idx(path: Path, a: np.ndarray) -> None:
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">HBB", 0, 8, a.ndim) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes())
+
+
+def test_the_source_grows_in_place_keeping_every_key_and_adding_a_tenth(tmp_path):
+    """The second night's source is the demo's own folder, grown: same kind and path (so the new
+    dataset version is written on top of the demo's and the champion can start warm), the 50
+    images first under their old keys, then 5 mirrored copies with their labels."""
+    from sluice.stages.data.sources.idx import IdxSource
+    gc = _gpu_check()
+    rng = np.random.default_rng(0)
+    x, tx = rng.integers(0, 255, (50, 28, 28), dtype=np.uint8), rng.integers(0, 255, (7, 28, 28), dtype=np.uint8)
+    for name, a in (("train-images-idx3", x), ("train-labels-idx1", np.arange(50, dtype=np.uint8) % 10),
+                    ("t10k-images-idx3", tx), ("t10k-labels-idx1", np.arange(7, dtype=np.uint8))):
+        _idx(tmp_path / f"{name}-ubyte.gz", a)
+    before = IdxSource(tmp_path)
+    fingerprint = before.fingerprint()
+    r = subprocess.run([sys.executable, "-c", gc.GROW, str(tmp_path), "0.1"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"source": str(tmp_path), "images": 55, "added": 5, "first_new_key": "train-000050"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte", "train-labels-idx1-ubyte"]
+    after = IdxSource(tmp_path)
+    assert after.uri == before.uri and after.fingerprint() != fingerprint
+    imgs, labs = after._images["train"], after._labels["train"]
+    assert len(imgs) == 55 and (imgs[:50] == x).all() and (after._images["test"] == tx).all()
+    assert after.key("train", 0) == "train-000000" and after.key("train", 54) == "train-000054"
+    for img, lab in zip(imgs[50:], labs[50:]):  # mirrored copies of five of the originals, with their labels
+        i = next(i for i in range(50) if (x[i][:, ::-1] == img).all())
+        assert lab == i % 10
+
+
+def test_the_dry_runs_view_of_the_image_holds_torch_and_not_prefect(tmp_path):
+    gc = _gpu_check()
+    r = subprocess.run([sys.executable, "-c", gc.IMAGE_VIEW, str(tmp_path), json.dumps(gc.IMAGE_PACKAGES)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    seen = set(json.loads(r.stdout))
+    assert {"torch", "numpy", "pytest", "pluggy"} <= seen and not seen & {"prefect", "pydantic", "sluice"}
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"torch", "numpy", "_pytest"} <= names and not names & {"prefect", "pydantic", "sluice"}
+    code = "import torch, numpy; import importlib.util as u; print(u.find_spec('prefect') is None)"
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); {code}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
+
+
+def test_a_step_past_its_limit_is_killed_with_what_it_started(tmp_path):
+    gc = _gpu_check()
+    log = tmp_path / "step.log"
+    t = time.time()
+    rc = gc.run(["sh", "-c", "echo started; sleep 60 & sleep 60"], log, timeout=1)
+    assert rc == 124 and time.time() - t < 30
+    text = log.read_text()
+    assert "started" in text and "timed out after 1 s" in text
+    assert gc.run([sys.executable, "-c", "print('fine')"], log, timeout=60) == 0 and "fine" in log.read_text()
 
 
 def test_a_cpu_dry_run_is_never_written_as_gpu_results(tmp_path):
