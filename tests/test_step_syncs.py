@@ -75,8 +75,8 @@ def sync_free_run(data, device: str, watch: Callable[[int, Callable[[], Any]], A
         return watch(state.step + 1, lambda pause: real(parts, state, Paused(batches, pause), *args, **kwargs))
     monkeypatch.setattr(loop, "train_step", watched)
     x, y = data
-    # anneal 0.5: InfoBatch prunes only before its first gather (step 5), so it never has to
-    # read how many candidates it may drop (a pruned batch's size is data-dependent)
+    # anneal 0.5: InfoBatch prunes only before its first gather (step 5); pruning steps are
+    # tests/test_infobatch_mask.py's (mask mode reads nothing, drop mode reads a pruned size)
     sel = build_selector(SelectionConfig(method="infobatch", params={"sync_every": 2 * EVERY, "anneal": 0.5}),
                          candidate_size=32, split_size=N)
     cfg = dict(model_kwargs={"width": 8}, max_steps=STEPS, batch_size=32, lr=0.05, progress=False,

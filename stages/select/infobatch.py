@@ -2,18 +2,31 @@
 data pruning"): no scoring pass. Each sample's loss from the last step that trained it is kept;
 candidates whose stale loss is below the mean are skipped with probability ``prune``, and the
 well-learnt ones that stay are up-weighted so the step's gradient is unbiased for the whole
-candidate batch. Steps train fewer samples (the schedule is unchanged); pruning stops after
+candidate batch. Steps skip samples (the schedule is unchanged); pruning stops after
 ``anneal`` of training, so the last steps see every sample. Observed losses are all-gathered
 every ``sync_every`` steps, not every step: the table holds losses from the last epoch anyway, a
 few steps' delay changes nothing, and a collective every step is a visible share of a short CPU step.
 
 The table lives on the training device, so a step does not wait for the host: observing and
-an unpruned step read nothing back. Two reads remain: each gather reads the table's mean (and,
-under DDP, the ranks' counts), and a pruned step reads how many of its candidates are eligible,
-since the size of the batch it trains depends on it."""
+an unpruned step read nothing back. Each gather reads the table's mean (and, under DDP, the
+ranks' counts). How a pruning step skips samples is ``mode``:
+
+- ``drop`` trains only the kept candidates. The batch's size depends on how many candidates are
+  eligible, so the step reads that count (and the kept positions) on the host.
+- ``mask`` trains every candidate and gives the skipped ones weight 0, so the batch keeps its
+  size and nothing is read: the count, the draw (random keys on the device, from a generator on
+  the batch's device) and the weights stay device tensors. ``(loss * w).mean()`` over the whole
+  batch equals drop mode's mean over the kept samples for the same skipped set. It saves no
+  compute: the skipped samples still go forward and backward. BatchNorm also sees them in its
+  batch statistics, the one difference from drop mode.
+- ``auto`` (the default) is ``mask`` on an accelerator and ``drop`` on the CPU. A small model's
+  GPU step is bound by per-step overhead, not FLOPs, so the samples drop mode skips save little,
+  while its read drains the device's queue every pruning step. On the CPU a read costs nothing
+  and the skipped samples' compute is the saving."""
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -31,6 +44,13 @@ class InfoBatchParams(MethodParams):
                           "pruned (the last steps see every sample)")
     sync_every: int = Field(16, ge=1, description="steps between all-gathers of the observed losses "
                             "(1 = every step; the table is at most this stale)")
+    mode: Literal["auto", "drop", "mask"] = Field(
+        "auto", description="how a pruning step skips samples: drop (trains fewer; reads the "
+        "eligible count on the host), mask (trains all, skipped ones weighted 0; reads nothing), "
+        "auto (mask on an accelerator, drop on the CPU)")
+
+
+_MASKS_KEPT = 256  # mask-mode draws awaiting their observe (one per micro-batch of a step)
 
 
 @SELECTION_METHODS.register("infobatch")
@@ -49,7 +69,9 @@ class InfoBatchSelector(BaseSelector):
     pruned. After ``anneal`` of training (``set_progress``) every candidate is trained. The
     table travels in the training checkpoint (``state_dict``), so a resumed run prunes on. A warm
     run starts from the champion's table carried by sample identity (``ctx.carried``,
-    ``select/infobatch_carry.py``); a resumed run's own checkpoint replaces it.
+    ``select/infobatch_carry.py``); a resumed run's own checkpoint replaces it. In ``mask`` mode
+    the dropped candidates stay in the batch with weight 0 (the module docstring says why) and
+    ``observe`` passes over their losses, as drop mode never sees them.
     """
 
     Params = InfoBatchParams
@@ -72,6 +94,12 @@ class InfoBatchSelector(BaseSelector):
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # observed, not yet gathered
         self._pending_calls = 0
         self._mean, self._below = math.inf, 0.0  # read after each gather
+        # mask mode: the draw's generator lives on the batch's device (made at its first draw;
+        # a loaded state, with its device type, waits for it), and each draw's keep mask waits,
+        # keyed by the indices tensor handed out, for the observe of that batch
+        self._mask_gen: torch.Generator | None = None
+        self._mask_state: tuple[torch.Tensor | None, str | None] = (None, None)
+        self._masks: list[tuple[torch.Tensor, torch.Tensor]] = []
         if ctx.carried is not None:
             loss, seen = ctx.carried["loss"], ctx.carried["seen"]
             if loss.shape != (self.n,) or seen.shape != (self.n,) or seen.dtype != torch.bool:
@@ -111,9 +139,13 @@ class InfoBatchSelector(BaseSelector):
         # at the same step as the uninterrupted one; NaN/inf ones would be dropped, so are here
         idx, val = self._pending_tensors()
         keep = torch.isfinite(val)
+        gen, kind = self._mask_state
+        if self._mask_gen is not None:  # a CPU uint8 tensor, whatever the generator's device
+            gen, kind = self._mask_gen.get_state(), self._mask_gen.device.type
         return {**super().state_dict(), "loss": self.loss.cpu().clone(), "seen": self.seen.cpu().clone(),
                 "pending_index": idx[keep].cpu(), "pending_loss": val[keep].cpu(),
-                "pending_calls": self._pending_calls}
+                "pending_calls": self._pending_calls,
+                "mask_generator": None if gen is None else gen.cpu().clone(), "mask_generator_device": kind}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -126,6 +158,28 @@ class InfoBatchSelector(BaseSelector):
             self._pending = [(state["pending_index"].to(self.device, torch.int64),
                               state["pending_loss"].to(self.device, torch.float32))]
         self._set_table(state["loss"], state["seen"])
+        self._mask_gen, self._masks = None, []
+        self._mask_state = (state.get("mask_generator"), state.get("mask_generator_device"))
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        """Mask mode's generator on ``device``, seeded from the selection seed or set to the
+        state loaded (a state from another device type cannot be set: it starts from the seed)."""
+        if self._mask_gen is not None and self._mask_gen.device == device:
+            return self._mask_gen
+        state, kind = self._mask_state
+        if self._mask_gen is not None:  # the table moved: the draws go on where they were
+            state, kind = self._mask_gen.get_state(), self._mask_gen.device.type
+        gen = torch.Generator(device=device).manual_seed(self.config.seed)
+        if state is not None and kind == device.type:
+            gen.set_state(state)
+        self._mask_gen, self._mask_state = gen, (None, None)
+        return gen
+
+    def _mode(self, images: torch.Tensor) -> str:
+        mode = self.params.mode
+        if mode == "auto":
+            return "drop" if images.device.type == "cpu" else "mask"
+        return mode
 
     def __call__(self, model, images, labels, indices) -> SelectedBatch:
         n_cand = images.shape[0]
@@ -136,6 +190,8 @@ class InfoBatchSelector(BaseSelector):
         target = round(self.params.prune * self._below * n_cand) if pruning else 0
         if not target:  # nothing to prune: every candidate trains, nothing is read
             return self._keep_all(images, labels, indices)
+        if self._mode(images) == "mask":
+            return self._masked(images, labels, indices, target)
         idx = check_indices(indices.detach(), self.n)
         eligible = (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
         # at least one eligible sample stays, so its weight (1 / keep rate) is finite
@@ -155,13 +211,49 @@ class InfoBatchSelector(BaseSelector):
         return SelectedBatch(images[dev_pos], labels[dev_pos], indices[dev_pos],
                              w.to(images.device) if n_drop else None, stats)
 
-    def _keep_all(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> SelectedBatch:
-        """The whole candidate batch; an index outside the split is flagged, raised at the gather."""
-        idx = indices.detach()
+    def _masked(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
+                target: int) -> SelectedBatch:
+        """Mask mode: the whole batch, ``n_drop`` eligible candidates drawn uniformly weighted 0,
+        the eligible ones kept up-weighted; all on the device (nothing read). The draw: random
+        keys for the eligible candidates, +inf for the rest; the ``n_drop`` lowest are dropped."""
+        n_cand, dev = indices.numel(), self.device
+        eligible = self._eligible(indices)
+        count = eligible.sum()
+        n_drop = (count - 1).clamp(min=0, max=target)  # at least one eligible sample stays
+        keys = torch.rand(n_cand, generator=self._generator(dev), device=dev)
+        order = torch.where(eligible, keys, math.inf).argsort()
+        drop = torch.zeros_like(eligible).scatter(0, order, torch.arange(n_cand, device=dev) < n_drop)
+        keep = ~drop
+        up = (count / (count - n_drop).clamp(min=1)).float()  # eligible / (eligible - n_drop)
+        w = torch.where(drop, 0.0, torch.where(eligible, up, 1.0))
+        if len(self._masks) >= _MASKS_KEPT:  # never observed (a loop without observe)
+            del self._masks[0]
+        self._masks.append((indices, keep))
+        stats = self._stats(indices, torch.arange(n_cand, device=dev), None)
+        kept = keep.float()
+        n_kept = kept.sum()
+        il, noise = self._lookup(self._il, indices), self._lookup(self._noise, indices)
+        if il is not None:
+            stats["sel_il_mean"] = (il.float() * kept).sum() / n_kept
+        if noise is not None:
+            stats["sel_noisy"] = (noise.float() * kept).sum()
+        stats.update(n_selected=n_kept, ib_pruned=n_drop.float(), ib_eligible=count.float(),
+                     ib_mean_loss=self._mean if math.isfinite(self._mean) else 0.0)
+        return SelectedBatch(images, labels, indices, w.to(images.device), stats)
+
+    def _eligible(self, indices: torch.Tensor) -> torch.Tensor:
+        """Which candidates are known and below the mean, without a read: an index outside the
+        split is flagged on the device and raised at the next gather."""
+        idx = indices.detach().to(self.device)
         lo, hi = torch.aminmax(idx)
         self._outside |= (lo < 0) | (hi >= self.n)
         slot = idx.clamp(0, self.n - 1)
-        eligible = (self.seen[slot] & (self.loss[slot] < self._mean)).sum(dtype=torch.float32)
+        return self.seen[slot] & (self.loss[slot] < self._mean)
+
+    def _keep_all(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> SelectedBatch:
+        """The whole candidate batch; an index outside the split is flagged, raised at the gather."""
+        idx = indices.detach()
+        eligible = self._eligible(idx).sum(dtype=torch.float32)
         stats = self._stats(indices, torch.arange(idx.numel(), device=idx.device), None)
         stats.update(ib_pruned=0.0, ib_eligible=eligible,
                      ib_mean_loss=self._mean if math.isfinite(self._mean) else 0.0)
@@ -169,12 +261,18 @@ class InfoBatchSelector(BaseSelector):
 
     def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
         """Queue the trained samples' losses (kept on the device; NaN/inf ones are dropped when
-        gathered, leaving those samples' entries as they were)."""
+        gathered, leaving those samples' entries as they were). The indices of a mask-mode batch
+        (the tensor it handed out) bring its mask: its dropped samples' losses become NaN."""
         if indices.numel() != losses.numel():
             raise SelectionError(f"infobatch observed {indices.numel()} indices and {losses.numel()} losses")
         self._place(losses.device)
-        self._pending.append((indices.detach().reshape(-1).to(self.device, torch.int64),
-                              losses.detach().reshape(-1).to(self.device, torch.float32)))
+        val = losses.detach().reshape(-1).to(self.device, torch.float32)
+        for k, (handed, keep) in enumerate(self._masks):
+            if handed is indices:  # this draw's; older ones were never observed
+                del self._masks[:k + 1]
+                val = torch.where(keep.to(self.device), val, math.nan)
+                break
+        self._pending.append((indices.detach().reshape(-1).to(self.device, torch.int64), val))
         self._pending_calls += 1
         if self._pending_calls >= self.params.sync_every:
             self.flush()
