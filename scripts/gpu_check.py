@@ -54,7 +54,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TEST_FILES = ["tests/test_gpu_paths.py", "tests/test_train.py", "tests/test_loader_dali.py",
-                  "tests/test_placement.py", "tests/test_loader_on_gpu.py", "tests/test_step_syncs.py"]
+                  "tests/test_placement.py", "tests/test_loader_on_gpu.py", "tests/test_step_syncs.py",
+                  "tests/test_infobatch_mask.py"]
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 # what the GPU tests and benchmarks.gpu import: from the image, or from the wheelhouse (*); in a
 # process of their own, which must not import Prefect
