@@ -50,12 +50,17 @@ def rgb_classes(n: int, size: int = 32, classes: int = 4, seed: int = 0) -> tupl
 def rgb_artifact(tmp_path_factory):
     """A 600-sample RGB artifact (npy, every format, small shards), made before any test runs
     DALI (sharding forks; forking beside DALI's threads can deadlock)."""
+    return make_rgb_artifact(tmp_path_factory.mktemp("rgb"), test=200)
+
+
+def make_rgb_artifact(d, n: int = 600, test: int = 200):
+    """``n`` RGB training samples and ``test`` test ones of ``rgb_classes``, sharded under ``d``
+    (val 20%, 64 per shard)."""
     from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     from sluice.storage.artifact import open_artifact
-    d = tmp_path_factory.mktemp("rgb")
-    x, y = rgb_classes(600)
-    tx, ty = rgb_classes(200, seed=1)
+    x, y = rgb_classes(n)
+    tx, ty = rgb_classes(test, seed=1)
     np.savez(d / "src.npz", images=x, labels=y, test_images=tx, test_labels=ty)
     s = shard_dataset(IngestConfig(source=str(d / "src.npz"), holdout_fraction=0, val_fraction=0.2, seed=1),
                       d / "out", ShardConfig(shard_samples=64, workers=1, progress=False))
@@ -349,33 +354,12 @@ def test_cuda_steps_between_logs_never_synchronize(monkeypatch):
     """test_step_syncs.py's steps on CUDA (bf16, InfoBatch, EMA, clipping, accumulation), each
     step that is not logged under ``torch.cuda.set_sync_debug_mode("error")``: any host sync in
     it raises. The first step is exempt (it moves InfoBatch's table to the GPU and warms up)."""
-    import contextlib
-
     from sluice.stages.load.arrays import fashion_mnist
-    from test_step_syncs import EVERY, N, STEPS, sync_free_run
+    from test_step_syncs import EVERY, N, STEPS, strict_on_cuda, sync_free_run
 
     strict_steps: list[int] = []
-
-    def strict(step, run):
-        if step == 1 or step % EVERY == 0:
-            return run(contextlib.nullcontext)
-
-        @contextlib.contextmanager
-        def pause():  # the loader's batches come from host memory
-            torch.cuda.set_sync_debug_mode(0)
-            try:
-                yield
-            finally:
-                torch.cuda.set_sync_debug_mode("error")
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            out = run(pause)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        strict_steps.append(step)
-        return out
     x, y = fashion_mnist("train")
-    r = sync_free_run((x[:N], y[:N]), "cuda", strict, monkeypatch, amp="bf16")
+    r = sync_free_run((x[:N], y[:N]), "cuda", strict_on_cuda(strict_steps), monkeypatch, amp="bf16")
     assert strict_steps == [s for s in range(2, STEPS + 1) if s % EVERY]
     assert [m["step"] for m in r.metrics] == [EVERY, 2 * EVERY]
     assert all(np.isfinite(m["loss"]) for m in r.metrics)

@@ -4,18 +4,16 @@ its draws are seeded and resume, and training steps that prune read nothing back
 runs them under ``torch.cuda.set_sync_debug_mode("error")``)."""
 from __future__ import annotations
 
-import contextlib
 import io
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from sluice.stages.load.arrays import ArrayLoader, fashion_mnist
+from sluice.stages.load.arrays import fashion_mnist
 from sluice.stages.select import SelectionConfig, build_selector
-from sluice.stages.train import TrainConfig, loop, train
-from test_step_syncs import HostReads, Paused
+from test_step_syncs import count_reads, strict_on_cuda, sync_free_run
 
 N, STEPS, EVERY = 512, 10, 5
 CAND = 40
@@ -131,48 +129,17 @@ def fmnist() -> tuple[np.ndarray, np.ndarray]:
     return x[:N], y[:N]
 
 
-def pruning_run(data, device: str, mode: str, watch: Callable[[int, Callable], Any], monkeypatch,
-                **kw) -> Any:
-    """``STEPS`` steps logging every ``EVERY``; InfoBatch gathers on log steps (``sync_every`` =
-    the micro-batches of a log window), so from step ``EVERY + 1`` on every step prunes."""
-    real = loop.train_step
-
-    def watched(parts, state, batches, *args, **kwargs):
-        return watch(state.step + 1, lambda pause: real(parts, state, Paused(batches, pause), *args, **kwargs))
-    monkeypatch.setattr(loop, "train_step", watched)
-    x, y = data
-    sel = build_selector(SelectionConfig(method="infobatch", params={
-        "sync_every": 2 * EVERY, "anneal": 1.0, "prune": 0.5, "mode": mode}), candidate_size=32, split_size=N)
-    cfg = dict(model_kwargs={"width": 8}, max_steps=STEPS, batch_size=32, lr=0.05, progress=False,
-               torch_threads=1, log_every_steps=EVERY, ema_decay=0.9, clip_grad_norm=5.0,
-               accum_steps=2, device=device)
-    cfg.update(kw)
-    return train(TrainConfig(**cfg), ArrayLoader(x, y, 32, seed=0), selector=sel)
-
-
-def count_reads(reads: dict[int, list[str]]) -> Callable[[int, Callable], Any]:
-    def count(step: int, run: Callable) -> Any:
-        mode = HostReads()
-
-        @contextlib.contextmanager
-        def pause():
-            mode.paused = True
-            try:
-                yield
-            finally:
-                mode.paused = False
-        with mode:
-            out = run(pause)
-        reads[step] = mode.calls
-        return out
-    return count
+def pruning_params(mode: str) -> dict[str, Any]:
+    """InfoBatch gathering on log steps (``sync_every`` = the micro-batches of a log window) and
+    pruning to the end, so from step ``EVERY + 1`` on every step prunes."""
+    return {"sync_every": 2 * EVERY, "anneal": 1.0, "prune": 0.5, "mode": mode}
 
 
 @pytest.mark.parametrize("mode", ["mask", "drop"])
 def test_pruning_steps_read_nothing_back_in_mask_mode(fmnist, monkeypatch, mode):
     """Mask mode's pruning steps between logs read nothing; drop mode's do (the check sees it)."""
     reads: dict[int, list[str]] = {}
-    r = pruning_run(fmnist, "cpu", mode, count_reads(reads), monkeypatch)
+    r = sync_free_run(fmnist, "cpu", count_reads(reads), monkeypatch, pruning_params(mode))
     last = r.metrics[-1]
     assert last["step"] == STEPS and last["select/ib_pruned"] > 0     # step 10 pruned
     pruning = {s: reads[s] for s in range(EVERY + 1, STEPS) if s % EVERY}
@@ -191,26 +158,8 @@ def test_cuda_pruning_steps_never_synchronize(fmnist, monkeypatch):
     """``mode: auto`` is mask on CUDA: steps between logs, pruning ones included, run under
     ``torch.cuda.set_sync_debug_mode("error")`` (step 1 exempt: it moves the table to the GPU)."""
     strict_steps: list[int] = []
-
-    def strict(step: int, run: Callable) -> Any:
-        if step == 1 or step % EVERY == 0:
-            return run(contextlib.nullcontext)
-
-        @contextlib.contextmanager
-        def pause():  # the loader's batches come from host memory
-            torch.cuda.set_sync_debug_mode(0)
-            try:
-                yield
-            finally:
-                torch.cuda.set_sync_debug_mode("error")
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            out = run(pause)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        strict_steps.append(step)
-        return out
-    r = pruning_run(fmnist, "cuda", "auto", strict, monkeypatch, amp="bf16")
+    r = sync_free_run(fmnist, "cuda", strict_on_cuda(strict_steps), monkeypatch, pruning_params("auto"),
+                      amp="bf16")
     assert strict_steps == [s for s in range(2, STEPS + 1) if s % EVERY]
     last = r.metrics[-1]
     assert last["select/ib_pruned"] > 0 and last["select/n_candidates"] == 32   # masked, not dropped

@@ -18,7 +18,7 @@ from sluice.stages.load.budget import device_placement
 from sluice.stages.load.integrity import Guard
 from sluice.stages.load.on_device import device_batches
 from sluice.stages.load.timings import Timings
-from test_gpu_paths import rgb_classes
+from test_gpu_paths import make_rgb_artifact
 
 gpu = pytest.mark.gpu
 DAMAGED = [3, 40, 41, 200]
@@ -29,16 +29,7 @@ SPEC = AugmentSpec(ops=[RandomResizedCrop(size=24, scale=(0.3, 1.0)), Flip(),
 @pytest.fixture(scope="module")
 def art(tmp_path_factory):
     """A 600-sample RGB artifact (npy, small shards)."""
-    from sluice.stages.data.config import IngestConfig
-    from sluice.stages.data.shard import ShardConfig, shard_dataset
-    from sluice.storage.artifact import open_artifact
-    d = tmp_path_factory.mktemp("rgb")
-    x, y = rgb_classes(600)
-    tx, ty = rgb_classes(100, seed=1)
-    np.savez(d / "src.npz", images=x, labels=y, test_images=tx, test_labels=ty)
-    s = shard_dataset(IngestConfig(source=str(d / "src.npz"), holdout_fraction=0, val_fraction=0.2, seed=1),
-                      d / "out", ShardConfig(shard_samples=64, workers=1, progress=False))
-    return open_artifact(s.root)
+    return make_rgb_artifact(tmp_path_factory.mktemp("rgb"), test=100)
 
 
 # ---- the device budget: decided from free bytes, so testable anywhere ---------------------

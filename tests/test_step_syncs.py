@@ -65,19 +65,19 @@ def fmnist() -> tuple[np.ndarray, np.ndarray]:
 
 
 def sync_free_run(data, device: str, watch: Callable[[int, Callable[[], Any]], Any], monkeypatch,
-                  **kw) -> Any:
-    """Train ``STEPS`` steps logging every ``EVERY`` with InfoBatch (gathering on log steps, as
-    ``sync_every`` = accumulated micro-batches per log window makes it), the EMA, clipping and
-    accumulation on; ``watch(step, run)`` runs each ``train_step``."""
+                  params: dict[str, Any] | None = None, **kw) -> Any:
+    """Train ``STEPS`` steps logging every ``EVERY`` with InfoBatch (``params``; by default gathering
+    on log steps, as ``sync_every`` = accumulated micro-batches per log window makes it), the EMA,
+    clipping and accumulation on; ``watch(step, run)`` runs each ``train_step``."""
     real = loop.train_step
 
     def watched(parts, state, batches, *args, **kwargs):
         return watch(state.step + 1, lambda pause: real(parts, state, Paused(batches, pause), *args, **kwargs))
     monkeypatch.setattr(loop, "train_step", watched)
     x, y = data
-    # anneal 0.5: InfoBatch prunes only before its first gather (step 5); pruning steps are
-    # tests/test_infobatch_mask.py's (mask mode reads nothing, drop mode reads a pruned size)
-    sel = build_selector(SelectionConfig(method="infobatch", params={"sync_every": 2 * EVERY, "anneal": 0.5}),
+    # by default anneal 0.5: InfoBatch prunes only before its first gather (step 5); pruning steps
+    # are tests/test_infobatch_mask.py's (mask mode reads nothing, drop mode reads a pruned size)
+    sel = build_selector(SelectionConfig(method="infobatch", params=params or {"sync_every": 2 * EVERY, "anneal": 0.5}),
                          candidate_size=32, split_size=N)
     cfg = dict(model_kwargs={"width": 8}, max_steps=STEPS, batch_size=32, lr=0.05, progress=False,
                torch_threads=1, log_every_steps=EVERY, ema_decay=0.9, clip_grad_norm=5.0,
@@ -86,9 +86,8 @@ def sync_free_run(data, device: str, watch: Callable[[int, Callable[[], Any]], A
     return train(TrainConfig(**cfg), ArrayLoader(x, y, 32, seed=0), selector=sel)
 
 
-def test_steps_between_logs_read_nothing_back(fmnist, monkeypatch):
-    reads: dict[int, list[str]] = {}
-
+def count_reads(reads: dict[int, list[str]]) -> Callable[[int, Callable], Any]:
+    """A ``watch`` that records each step's host reads in ``reads`` (the loader's own work paused)."""
     def count(step: int, run: Callable) -> Any:
         mode = HostReads()
 
@@ -103,7 +102,37 @@ def test_steps_between_logs_read_nothing_back(fmnist, monkeypatch):
             out = run(pause)
         reads[step] = mode.calls
         return out
-    r = sync_free_run(fmnist, "cpu", count, monkeypatch)
+    return count
+
+
+def strict_on_cuda(strict_steps: list[int]) -> Callable[[int, Callable], Any]:
+    """A ``watch`` that runs every step but the first and the logged ones under
+    ``torch.cuda.set_sync_debug_mode("error")`` (the loader's host-memory batches exempt), and
+    appends each such step to ``strict_steps``."""
+    def strict(step: int, run: Callable) -> Any:
+        if step == 1 or step % EVERY == 0:
+            return run(contextlib.nullcontext)
+
+        @contextlib.contextmanager
+        def pause():  # the loader's batches come from host memory
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = run(pause)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        strict_steps.append(step)
+        return out
+    return strict
+
+
+def test_steps_between_logs_read_nothing_back(fmnist, monkeypatch):
+    reads: dict[int, list[str]] = {}
+    r = sync_free_run(fmnist, "cpu", count_reads(reads), monkeypatch)
     assert sorted(reads) == list(range(1, STEPS + 1))
     unlogged = {s: calls for s, calls in reads.items() if s % EVERY}
     assert unlogged == {s: [] for s in unlogged}, unlogged
