@@ -135,7 +135,7 @@ def test_a_method_hook_or_model_change_drops_the_recipes_knobs_for_the_old_one(m
 
 
 @pytest.mark.parametrize("section,match", [
-    ({"selection": {"method": "infobatch", "params": {"beta": 2}}}, r"params.beta: unknown key \(it takes: prune, anneal, sync_every\)"),
+    ({"selection": {"method": "infobatch", "params": {"beta": 2}}}, r"params.beta: unknown key \(it takes: prune, anneal, sync_every, mode\)"),
     ({"train": {"comm": {"mode": "fp16", "params": {"rank": 1}}}}, r"compression hook 'fp16': params.rank: unknown key"),
     ({"selection": {"method": "none", "params": {"prune": 0.1}}}, "takes no params"),
 ])
@@ -154,7 +154,7 @@ def test_config_show_prints_the_resolved_config_a_run_would_use(capsys):
     shown = yaml.safe_load(out)
     assert shown["train"]["epochs"] == 3.5 and shown["train"]["lr"] == 0.05
     assert isinstance(shown["train"]["batch_size"], int)  # "auto" resolved
-    assert shown["selection"]["params"] == {"prune": 0.5, "anneal": 0.875, "sync_every": 16}
+    assert shown["selection"]["params"] == {"prune": 0.5, "anneal": 0.875, "sync_every": 16, "mode": "auto"}
     assert PipelineConfig.model_validate(shown) == load_config(PipelineConfig, None, ["train.lr=0.05"],
                                                               base={"recipe": "demo"})
 
