@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sluice.plugins import entry_params
 from sluice.stages.load.augment import AugmentSpec
 from sluice.stages.load.backends import LOADER_BACKENDS
+from sluice.stages.load.backends.base import with_index
 from sluice.stages.load.samplers import ResolutionSchedule, SamplerConfig
 
 
@@ -74,13 +75,12 @@ class LoaderConfig(BaseModel):
 
 
 def loader_device(setting: str, training: torch.device | None = None) -> torch.device:
-    """The device a loader with ``device: setting`` makes batches on: ``auto`` follows the
-    training device it is built for (the CPU when built on its own); a bare ``cuda`` is the
-    training rank's own GPU when that is CUDA, else the current one. An explicit index wins."""
+    """The device a loader with ``device: setting`` makes batches on, with its index (resolved
+    in the caller's thread): ``auto`` follows the training device it is built for (the CPU when
+    built on its own); a bare ``cuda`` is the training rank's own GPU when that is CUDA, else the
+    current one. An explicit index wins."""
     if setting == "auto":
         return training if training is not None else torch.device("cpu")
-    if setting == "cuda":
-        if training is not None and training.type == "cuda":
-            return training
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
-    return torch.device(setting)
+    if setting == "cuda" and training is not None and training.type == "cuda":
+        return training
+    return with_index(setting)

@@ -30,7 +30,6 @@ from sluice.errors import ArtifactError
 from sluice.stages.contracts import Batch, Sampler
 from sluice.stages.load.augment import TorchAugment
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
-from sluice.stages.load.backends.base import rank_device
 from sluice.stages.load.choice import resolve_backend
 from sluice.stages.load.config import LoaderConfig, loader_device
 from sluice.stages.load.on_device import OnStream, check_resolution, device_batches
@@ -131,9 +130,6 @@ class Loader:
         from a helper thread: ``sluice.procs``, rule 2)."""
         if self._backend is None:
             cls = LOADER_BACKENDS.get(self.backend_name)
-            # cuda:i, resolved here in the caller's thread (a helper thread's current device is
-            # cuda:0): the backend, the side stream and the hand-over all use this rank's GPU.
-            self.device = rank_device(self.device)
             self._backend = cls.open(self.artifact, self.config.split, self.config, self.device,
                                      self.workers)
             placement = getattr(self._backend, "placement", "")

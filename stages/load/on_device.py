@@ -17,7 +17,7 @@ from sluice.errors import LoaderError
 from sluice.stages.contracts import Batch
 from sluice.stages.load.augment import TorchAugment, batch_seed
 from sluice.stages.load.backends import Backend, Timings
-from sluice.stages.load.backends.base import rank_device
+from sluice.stages.load.backends.base import with_index
 from sluice.stages.load.config import LoaderConfig
 from sluice.storage.artifact import DatasetArtifact
 
@@ -67,7 +67,7 @@ def device_batches(backend: Backend, order: np.ndarray, epoch: int, start: int, 
         yield from (Batch(*b) for b in backend.epoch(order, batch_size, drop_last, start,
                                                      resolution=resolution, epoch=epoch))
         return
-    device = rank_device(device)
+    device = with_index(device)
     cuda = device.type == "cuda"
     stream = torch.cuda.Stream(device) if cuda else None
     raw = iter(backend.epoch(order, batch_size, drop_last, start))

@@ -16,6 +16,7 @@ from sluice.stages.compute import autocast
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load import AugmentSpec, Loader, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize
+from sluice.stages.load.backends.base import with_index
 from sluice.stages.load.samplers import SequentialSampler, SubsetSampler
 from sluice.stages.models import build_model
 from sluice.stages.train.dist import DistContext
@@ -60,7 +61,7 @@ def scoring_device(device: str | torch.device = "auto") -> torch.device:
     there is one (its current device), else the CPU."""
     if str(device) != "auto":
         return torch.device(device)
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return with_index("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike, use_ema: bool = True,

@@ -41,12 +41,12 @@ def decoded_sample_bytes(artifact: DatasetArtifact) -> int | None:
     return None if shape is None else int(np.prod(shape))
 
 
-def rank_device(device: str | torch.device) -> torch.device:
+def with_index(device: str | torch.device) -> torch.device:
     """``device`` with its index: a bare ``cuda`` is the device this rank set as current, so
     streams, pinned buffers and allocations made later (from any thread) land on it, not cuda:0.
     Resolve it in the caller's thread: a helper thread's current device is cuda:0."""
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return device
 

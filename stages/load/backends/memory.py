@@ -16,7 +16,7 @@ import torch
 
 from sluice.errors import CorruptSample, LoaderError
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
-                                              decoded_sample_bytes, rank_device)
+                                              decoded_sample_bytes, with_index)
 from sluice.stages.load.budget import device_free_bytes, device_placement, memory_budget
 from sluice.stages.load.decode import pixels
 from sluice.stages.load.integrity import Damage, Guard, mismatch
@@ -68,7 +68,7 @@ class MemoryBackend(Backend):
         self.guard.found(damage)  # fail: before the first batch; skip: counted against the threshold
         self.damaged = np.zeros(n, bool)
         self.damaged[[d.index for d in damage]] = True
-        self.device = rank_device(device)
+        self.device = with_index(device)
         # Where the split lives: a numpy array (CPU device, as always), a tensor on the GPU
         # (``resident``), or a host tensor gathered into pinned batches (``staged``).
         self.images: np.ndarray | torch.Tensor = images
