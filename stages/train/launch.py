@@ -156,8 +156,9 @@ def run_in_process(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | 
     deadline = time.monotonic() + timeout_s if timeout_s else None
     wrap = (lambda loader: TimeLimited(loader, deadline, timeout_s)) if deadline else None
     threads = torch.get_num_threads()
+    attempt = 0
     try:
-        for attempt in range(max_restarts + 1):
+        while True:
             try:
                 result = run_rank(job, out, wrap_loader=wrap)
                 write_json(out / RESULT, result.to_dict())
@@ -170,9 +171,9 @@ def run_in_process(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | 
             except Exception as e:  # noqa: BLE001 - a crash: resume from the checkpoint, as torchrun would
                 if attempt == max_restarts:
                     raise LaunchError(f"training crashed in-process: {type(e).__name__}: {e}") from e
-                emit(f"[sluice] training crashed ({type(e).__name__}: {e}); restart {attempt + 1} of "
+                attempt += 1
+                emit(f"[sluice] training crashed ({type(e).__name__}: {e}); restart {attempt} of "
                      f"{max_restarts} from the last checkpoint\n")
-        raise AssertionError("unreachable")
     finally:
         torch.set_num_threads(threads)  # the rank took every core; this process keeps its own setting
 
