@@ -1,7 +1,7 @@
 """Gradient compression and bf16 autocast on 2 DDP ranks (gloo, CPU) on Fashion-MNIST.
 
 Every mode trains the same model for the same number of steps from the same seed, through
-``sluice.stages.train.launch`` (real torchrun, 2 processes on 127.0.0.1), and reports bytes all-reduced per
+``sluice.stages.run.launch`` (real torchrun, 2 processes on 127.0.0.1), and reports bytes all-reduced per
 step (whole run, and the steady state after PowerSGD's plain warm-up), seconds per step and final
 test accuracy. The model is SmallCNN (width 32) with the classic dense head (``hidden=256``):
 871k parameters, 92% of them in one 256×3136 matrix — the communication-bound shape that
@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sluice.stages.train.launch import launch, make_job
+from sluice.stages.run.launch import launch, make_job
 
 RESULTS = Path(__file__).resolve().parent / "results" / "compression.json"
 

@@ -1,6 +1,6 @@
 """Gradient compression where bytes cost time: two simulated nodes (deploy/simcluster: one
 network namespace and one core each) joined by a link shaped to 100 Mbit/s, 1 Gbit/s or
-10 Gbit/s, one DDP rank per node over gloo, through ``sluice.stages.train.nodes.launch_nodes``
+10 Gbit/s, one DDP rank per node over gloo, through ``sluice.stages.run.nodes.launch_nodes``
 (real torchrun, c10d rendezvous on node 0). Run as ``python -m benchmarks.compression --link ...``.
 
 Per link rate, model and mode it reports wall-clock seconds to the target accuracy, bytes per
@@ -46,9 +46,9 @@ from typing import Any, Callable
 from benchmarks.common import table
 from benchmarks.hostinfo import describe_run
 from deploy.simcluster import SimCluster, netadmin_missing, rate_bits
-from sluice.stages.train.launch import make_job, prepare_run
-from sluice.stages.train.loop import TrainResult
-from sluice.stages.train.nodes import launch_nodes
+from sluice.stages.run.launch import make_job, prepare_run
+from sluice.stages.train.rank import TrainResult
+from sluice.stages.run.nodes import launch_nodes
 from sluice.storage.atomic import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -107,7 +107,7 @@ def compute_only(c: SimCluster, model: str, seed: int, specs: tuple[dict, dict],
     """Median step time of the same model and per-rank batch on node 0 alone (no DDP)."""
     cfg = {**base_config(model, seed, COMPUTE_STEPS), "eval_every_steps": None}
     _, job = prepare_run(make_job(cfg, specs[0], None), out)
-    r = c.nodes[0].run([sys.executable, "-m", "sluice.stages.train.worker", "--job", str(job)],
+    r = c.nodes[0].run([sys.executable, "-m", "sluice.stages.train.rank", "--job", str(job)],
                        capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         raise RuntimeError(f"compute-only run failed:\n{(r.stdout + r.stderr)[-3000:]}")

@@ -30,7 +30,7 @@ TRAIN_SOURCE = 60_000
 def sluice_once(epochs: float, seed: int, batch_size: int | None = None) -> dict[str, Any]:
     from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job
     from sluice.stages.data.shard import shard_dataset
-    from sluice.stages.train.launch import launch
+    from sluice.stages.run.launch import launch
     root = Path(tempfile.mkdtemp(prefix="sluice-gpu-tta-"))
     try:
         c = PipelineConfig.model_validate({

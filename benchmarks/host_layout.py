@@ -31,7 +31,7 @@ LAYOUTS = [(2, 1, 64), (2, 1, 128), (1, 2, 128), (1, 2, 256)]
 def one(c_base: dict[str, Any], data: dict[str, Any], layout: tuple[int, int, int], samples: int,
         out: Path) -> dict[str, Any]:
     from sluice.flows.pipeline import PipelineConfig, training_job
-    from sluice.stages.train.launch import launch
+    from sluice.stages.run.launch import launch
     ranks, threads, batch = layout
     steps = max(20, samples // (ranks * batch))
     c = PipelineConfig.model_validate({**c_base, "nproc": ranks, "selection": {"method": "none"},

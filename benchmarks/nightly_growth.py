@@ -140,7 +140,7 @@ def plain_recipe(quick: bool) -> dict[str, Any]:
     arm = d.get("strongest_baseline") or "baseline +flip tta -label smoothing"
     chosen = (d.get("baseline_settings") or {}).get("chosen") or {}
     if not chosen:
-        from sluice.stages.compute import resolve_amp
+        from sluice.stages.precision import resolve_amp
         chosen = {"threads": min(2, os.cpu_count() or 1), "channels_last": True, "amp": resolve_amp("auto")}
     epochs = QUICK_EPOCHS if quick else ((d.get("arms") or {}).get(arm) or {}).get("budget_epochs") or 5
     args = ["--threads", str(chosen["threads"]), "--amp", chosen["amp"], "--evals-per-epoch", "1",

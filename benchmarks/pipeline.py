@@ -51,7 +51,7 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     from sluice.stages.load import split_arrays
     from sluice.stages.select.il_model import irreducible_loss_scores
     from sluice.stages.train.evaluate import evaluate_checkpoint
-    from sluice.stages.train.launch import launch
+    from sluice.stages.run.launch import launch
     c = PipelineConfig.model_validate(cfg)
     sec: dict[str, float] = {}
     cpu0 = _cpu(psutil.Process())

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from sluice.stages.data.sources.idx import read_idx
 from sluice.stages.models import build_model
-from sluice.stages.compute import resolve_amp
+from sluice.stages.precision import resolve_amp
 from sluice.stages.select import (ILModelConfig, SelectionConfig, build_selector, inject_label_noise,
                            irreducible_loss_scores)
 from benchmarks.hostinfo import describe_run, load_average

@@ -235,7 +235,7 @@ def probe_baseline_settings() -> dict[str, Any]:
     """The baseline's fastest settings on this host: threads x memory layout x precision (fp32,
     and bf16 autocast where the CPU computes bf16 natively, as Sluice's ``amp: auto`` would), by
     the mean step time of a short run each (recorded)."""
-    from sluice.stages.compute import resolve_amp  # what Sluice's default resolves to here
+    from sluice.stages.precision import resolve_amp  # what Sluice's default resolves to here
     rows = []
     precisions = dict.fromkeys(("none", resolve_amp("auto")))  # fp32, and bf16 where native
     for amp, threads, cl in itertools.product(precisions, (1, 2), (True, False)):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train across machines with the same worker entry point Sluice uses on one machine.
 # Run this on every node, with the same JOB file visible at the same path, e.g. on shared
-# storage: a TrainJob (sluice.stages.train.job) as JSON, written by sluice.stages.train.launch or
+# storage: a TrainJob (sluice.stages.train.job) as JSON, written by sluice.stages.run.launch or
 # by hand; checkpoints, metrics and the result go beside it.
 #
 #   NNODES=2 NODE_RANK=0 RDZV=10.0.0.1:29400 LOCAL_ADDR=10.0.0.1 NPROC=8 deploy/torchrun-multinode.sh job.json   # node 0
@@ -16,7 +16,7 @@
 #
 # Ports: node 0 listens on RDZV's port (rendezvous) and, per attempt, rank 0 on one free port
 # (the workers' store); gloo listens on IFACE on every node. Allow them between the nodes only.
-# The same as `sluice.stages.train.nodes.launch_nodes`, which the flows use (launch.nodes).
+# The same as `sluice.stages.run.nodes.launch_nodes`, which the flows use (launch.nodes).
 set -euo pipefail
 JOB="${1:?usage: $0 job.json}"
 : "${NNODES:=1}" "${NODE_RANK:=0}" "${NPROC:=2}" "${RDZV:=127.0.0.1:29400}" "${RDZV_TIMEOUT:=120}" "${MAX_RESTARTS:=3}"
@@ -32,4 +32,4 @@ exec "$PY" -m torch.distributed.run \
   --rdzv-backend c10d --rdzv-endpoint "$RDZV" --rdzv-id "sluice-${RDZV//[:.]/-}" \
   --rdzv-conf "is_host=${IS_HOST},join_timeout=${RDZV_TIMEOUT},read_timeout=${RDZV_TIMEOUT}" \
   --max-restarts "$MAX_RESTARTS" \
-  -m sluice.stages.train.worker --job "$JOB"
+  -m sluice.stages.train.rank --job "$JOB"

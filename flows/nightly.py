@@ -2,17 +2,17 @@
 and ``nightly-retrain`` (both; the deployment entry point). Flows only chain tasks; each task is a
 thin call into ``stages``/``storage``.
 
-Caching survives across runs: the shard and IL tasks are keyed on content fingerprints (source
-bytes + config; dataset fingerprint + IL config) with results persisted, and the stages themselves
-are idempotent on the same keys, so unchanged data re-uses the dataset and the scores even if
-Prefect's cache is gone.
+Unchanged data is not prepared twice, and the stages are what ensure it: the shard stage finds
+the dataset version of the same content fingerprint (source bytes + config), the IL stage the
+scores stored for the same dataset fingerprint and IL config. So these tasks keep no Prefect cache
+of their own: it would fingerprint the source a second time, and could hand back the result of a
+version deleted since.
 """
 from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -21,39 +21,18 @@ from prefect.context import FlowRunContext
 from sluice.flows.pipeline import PipelineConfig, training_job
 from sluice.flows.report import report_markdown
 from sluice.stages.host import usable_cores
-from sluice.storage.fingerprint import combine, hash_obj
 
 
 def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
     return config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config or {})
 
 
-# ------------------------------------------------------------------ cache keys
-
-def _shard_key(_ctx, params: dict[str, Any]) -> str | None:
-    """Source content + config + output place; no key (no caching) when the source cannot be
-    read, so the task itself runs and fails with its clear message."""
-    from sluice.stages.data.ingest import open_source
-    from sluice.stages.data.config import PrepareConfig
-    from sluice.stages.data.shard import dataset_fingerprint
-    try:
-        cfg = PrepareConfig.model_validate(params["prepare"])
-        fp = dataset_fingerprint(open_source(cfg.ingest), cfg.ingest, cfg.shard)
-    except Exception:  # noqa: BLE001
-        return None
-    return f"shard-{combine(fp, str(Path(params['out']).resolve()))}"
-
-
-def _il_key(_ctx, params: dict[str, Any]) -> str | None:
-    return f"il-{combine(params['fingerprint'], hash_obj(params['selection'].get('il', {})), str(Path(params['scores_root']).resolve()))}"
-
-
 # ------------------------------------------------------------------ tasks
 
 
-@task(name="shard", cache_key_fn=_shard_key, persist_result=True, retries=1, retry_delay_seconds=5,
-      timeout_seconds=6 * 3600)
+@task(name="shard", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
 def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
+    """The dataset version of this source under ``out``: found when it exists, written otherwise."""
     from sluice.stages.data.config import PrepareConfig
     from sluice.stages.data.shard import shard_dataset
     cfg = PrepareConfig.model_validate(prepare)
@@ -83,8 +62,7 @@ def _task_runner(name: str):
     raise ValueError(f"unknown task runner {name!r}")
 
 
-@task(name="irreducible-loss", cache_key_fn=_il_key, persist_result=True, retries=1, retry_delay_seconds=5,
-      timeout_seconds=6 * 3600)
+@task(name="irreducible-loss", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
 def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str,
             device: str = "cpu") -> dict[str, Any]:
     """IL scores for this version: stored, carried by key from the nearest earlier version's (only
@@ -112,7 +90,7 @@ def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root:
 def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
     """``nproc`` ranks on this machine (one in this process, several under torchrun), or on each of
     ``launch.nodes``; a retry resumes from the run's last checkpoint."""
-    from sluice.stages.train.stage import run_training
+    from sluice.stages.run.training import run_training
     c = PipelineConfig.model_validate(cfg)
     il_path = il["path"] if il else None
     get_run_logger().info(f"placement: {c.resolved_for_host()}")
@@ -142,7 +120,7 @@ def gc_task(dataset_dir: str, keep: int) -> dict[str, Any]:
 
 @task(name="evaluate-and-promote")
 def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    from sluice.stages.train.promote import evaluate_and_promote
+    from sluice.stages.run.promote import evaluate_and_promote
     c = PipelineConfig.model_validate(cfg)
     out = evaluate_and_promote(c.promotion, c.registry_dir(), c.dataset_dir(), data, trained, run,
                                needs_il=c.selection.needs_il, config=c.model_dump(mode="json"))
@@ -169,16 +147,6 @@ def report_task(summary: dict[str, Any], metrics_path: str) -> str:
 
 
 # ------------------------------------------------------------------ flows
-
-def _cached(task_fn, args: tuple, still_there: Callable[[dict[str, Any]], Path]) -> dict[str, Any]:
-    """Run a content-keyed task; when Prefect hands back a cached result whose files were deleted
-    since (``still_there`` names the file that must exist), run it again past the cache."""
-    out = task_fn(*args)
-    if not still_there(out).exists():
-        out = task_fn.with_options(refresh_cache=True)(*args)
-    return out
-
-
 
 def _run_info() -> dict[str, Any]:
     ctx = FlowRunContext.get()
@@ -208,8 +176,7 @@ def prepare(config: PipelineConfig | None = None) -> dict[str, Any]:
     if c.prepare_runner != "local":
         runner = _task_runner(c.prepare_runner)
         return _prepare_on_runner.with_options(task_runner=runner)(c.model_dump(mode="json"))
-    args = (c.prepare.model_dump(mode="json"), str(c.dataset_dir()))
-    return _cached(shard_task, args, lambda data: Path(data["root"]) / "manifest.json")
+    return shard_task(c.prepare.model_dump(mode="json"), str(c.dataset_dir()))
 
 
 @flow(name="train", log_prints=True)
@@ -219,9 +186,8 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     data = data or prepare(c)
     il = None
     if c.selection.needs_il:
-        args = (data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()),
-                "cuda" if c.on_cuda() else "cpu")
-        il = _cached(il_task, args, lambda il: Path(il["path"]))
+        il = il_task(data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()),
+                     "cuda" if c.on_cuda() else "cpu")
     checked = verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
     run = _run_info()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")

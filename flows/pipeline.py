@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.flows.recipe import load_recipe, overlay, resolve_auto
-from sluice.stages.compute import resolve_amp
+from sluice.stages.precision import resolve_amp
 from sluice.stages.data.config import PrepareConfig
 from sluice.stages.host import (describe, gpu_name, host_class, rank_device, ranks_for, threads_per_rank,
                                 usable_cores, visible_gpus)
@@ -21,10 +21,11 @@ from sluice.stages.select import SelectionConfig
 from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import wants_cuda
-from sluice.stages.train.job import TrainJob, assemble_job
-from sluice.stages.train.nodes import LaunchConfig
-from sluice.stages.train.promote import PromotionConfig
-from sluice.stages.train.warm import WarmStartConfig
+from sluice.stages.run.assemble import assemble_job
+from sluice.stages.train.job import TrainJob
+from sluice.stages.run.nodes import LaunchConfig
+from sluice.stages.run.promote import PromotionConfig
+from sluice.stages.run.warm import WarmStartConfig
 
 
 def _method_needs_il(selection: Any) -> bool:
@@ -53,7 +54,7 @@ class PipelineConfig(BaseModel):
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
     warm: WarmStartConfig = Field(default_factory=WarmStartConfig,
                                   description="start from the champion's weights and train on the samples it has "
-                                              "not seen plus a replay (stages/train/warm.py)")
+                                              "not seen plus a replay (stages/run/warm.py)")
     nproc: int | Literal["auto"] = Field(
         "auto", description="training ranks on this machine, or on each of launch.nodes (one trains "
         "in-process, several under torchrun); auto = one per visible GPU when training on CUDA "

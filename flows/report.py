@@ -158,7 +158,7 @@ def markdown_summary(s: dict[str, Any]) -> str:
                      f"{w['new']} new samples + {w['replayed']} replayed ({w['policy']})"
                      if w.get("parent_model") else f"- weights: from scratch ({w.get('why', '')})")
     u = p.get("unseen")
-    if u:  # stages/train/grading.py: every graded sample checked against what the model trained on
+    if u:  # stages/run/grading.py: every graded sample checked against what the model trained on
         lines.append(f"- graded on unseen samples only: the candidate trained on {u['candidate_trained_samples']} "
                      f"samples ({', '.join(u['candidate_trained_on'])}), none of the {u['samples_checked']} "
                      "graded" + ("; the champion, re-graded on this version, trained on none of them either"

@@ -11,7 +11,7 @@ Everything installed lives under this one package:
 * ``sluice.flows``: the Prefect flows, the pipeline config and the ``sluice`` CLI.
 
 ``sluice.errors`` holds the one error hierarchy; ``sluice.plugins`` the registries through
-which each axis of variation is extended (and each entry's own params); ``sluice.procs`` every
+which each axis of variation is extended (and each entry's own params); ``sluice.process_rules`` every
 rule about forking and spawning processes.
 
 In the repository these packages are the top-level folders ``storage/``, ``stages/`` and

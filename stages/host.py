@@ -78,6 +78,11 @@ def usable_cores() -> int:
     return max(1, cores or 1)
 
 
+def workers_or_cores(given: int | None) -> int:
+    """A pool's worker count: ``given`` when the config sets one, else one per usable core."""
+    return given if given is not None else usable_cores()
+
+
 def threads_per_rank(ranks: int) -> int:
     """Torch threads for each of ``ranks`` processes sharing this process's cores."""
     return max(1, usable_cores() // max(1, ranks))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sluice.errors import ArtifactError
-from sluice.procs import parent_only_fd
+from sluice.process_rules import parent_only_fd
 from sluice.storage.manifest import FileRecord
 from sluice.storage.paths import filesystem, version_file
 
@@ -170,7 +170,7 @@ class ArtifactCache:
     def _lock(self, name: str) -> Iterator[None]:
         """Hold the cache-wide lock ``name`` (an flock on ``.locks/name``). Its descriptor is
         this process's only: a DataLoader worker forked while the prefetch thread holds it must
-        not keep it held (``sluice.procs``, rule 5)."""
+        not keep it held (``sluice.process_rules``, rule 5)."""
         d = self.dir / ".locks"
         d.mkdir(parents=True, exist_ok=True)
         with parent_only_fd(d / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) as fd:

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,25 @@ class ModelRecord(BaseModel):
     warm_start: dict[str, Any] | None = None  # parent model and version, replay policy and counts
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A trained model asking to be registered: its checkpoint, the dataset version and split it
+    was graded on and its score there, and where it came from. ``trained_on``: the dataset
+    fingerprint, the splits and the key hashes (``lineage.split_key_hashes``) the model learnt
+    from, so that it is never graded on them later. ``warm_start``: the warm run's plan
+    (``stages/run/warm.py``); its replayed keys file is copied in beside the record."""
+    checkpoint: str | os.PathLike
+    dataset_fingerprint: str
+    eval_split: str
+    metric: str
+    value: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
+    trained_on: tuple[str, list[str], np.ndarray] | None = None
+    warm_start: dict[str, Any] | None = None
+
+
 class Decision(BaseModel):
     promoted: bool
     reason: str
@@ -59,23 +79,36 @@ class Decision(BaseModel):
     candidate_value: float
 
 
+def _copy_lineage(d: Path, model_id: str, trained_on: tuple[str, list[str], np.ndarray] | None) -> TrainedOn | None:
+    """The key hashes the model trained on, saved beside its record, and the record's note of them."""
+    if trained_on is None:
+        return None
+    fingerprint, splits, hashes = trained_on
+    save_hashes(d / "trained_keys.npy", hashes)
+    return TrainedOn(dataset_fingerprint=fingerprint, splits=list(splits), count=int(hashes.size),
+                     keys_file=f"models/{model_id}/trained_keys.npy")
+
+
+def _copy_warm_start(d: Path, model_id: str, warm_start: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The warm run's plan, its replayed keys file copied in beside the record."""
+    if not (warm_start and warm_start.get("replayed_keys")):
+        return warm_start
+    replayed = Path(warm_start["replayed_keys"])
+    atomic.write_with(d / "replayed_keys.npy", lambda tmp: shutil.copyfile(replayed, tmp))
+    return {**warm_start, "replayed_keys": f"models/{model_id}/replayed_keys.npy"}
+
+
 class Registry:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)  # created by the first register(), never by reading
 
     # ------------------------------------------------------------------ records
-    def register(self, checkpoint: str | os.PathLike, *, dataset_fingerprint: str, eval_split: str,
-                 metric: str, value: float, metrics: dict[str, Any] | None = None,
-                 config: dict[str, Any] | None = None, run: dict[str, Any] | None = None,
-                 trained_on: tuple[str, list[str], np.ndarray] | None = None,
-                 warm_start: dict[str, Any] | None = None) -> ModelRecord:
-        """Copy the checkpoint in and write an immutable record for it. ``trained_on``: the
-        dataset fingerprint, the splits and the key hashes (``lineage.split_key_hashes``) the
-        model learnt from, so that it is never graded on them later. ``warm_start``: the warm
-        run's plan (``stages.train.warm``); its replayed keys file is copied in beside the record."""
-        if not math.isfinite(value):
-            raise RegistryError(f"refusing to register a model whose {metric} is {value}")
-        src = Path(checkpoint)
+    def register(self, candidate: Candidate) -> ModelRecord:
+        """Copy the candidate's checkpoint in and write an immutable record for it."""
+        c = candidate
+        if not math.isfinite(c.value):
+            raise RegistryError(f"refusing to register a model whose {c.metric} is {c.value}")
+        src = Path(c.checkpoint)
         if not src.is_file():
             raise RegistryError(f"checkpoint not found: {src}")
         now = datetime.now(timezone.utc)
@@ -83,20 +116,11 @@ class Registry:
         d = self.root / "models" / model_id
         d.mkdir(parents=True)  # the registry's folders appear with its first model
         atomic.write_with(d / "checkpoint.pt", lambda tmp: shutil.copyfile(src, tmp))
-        lineage = None
-        if trained_on is not None:
-            fingerprint, splits, hashes = trained_on
-            save_hashes(d / "trained_keys.npy", hashes)
-            lineage = TrainedOn(dataset_fingerprint=fingerprint, splits=list(splits), count=int(hashes.size),
-                                keys_file=f"models/{model_id}/trained_keys.npy")
-        if warm_start and warm_start.get("replayed_keys"):
-            replayed = Path(warm_start["replayed_keys"])
-            atomic.write_with(d / "replayed_keys.npy", lambda tmp: shutil.copyfile(replayed, tmp))
-            warm_start = {**warm_start, "replayed_keys": f"models/{model_id}/replayed_keys.npy"}
-        rec = ModelRecord(model_id=model_id, created_at=now.isoformat(), dataset_fingerprint=dataset_fingerprint,
-                          eval_split=eval_split, metric=metric, value=float(value), metrics=metrics or {},
-                          config=config or {}, checkpoint=f"models/{model_id}/checkpoint.pt", run=run or {},
-                          trained_on=lineage, warm_start=warm_start)
+        rec = ModelRecord(model_id=model_id, created_at=now.isoformat(), dataset_fingerprint=c.dataset_fingerprint,
+                          eval_split=c.eval_split, metric=c.metric, value=float(c.value), metrics=c.metrics or {},
+                          config=c.config or {}, checkpoint=f"models/{model_id}/checkpoint.pt", run=c.run or {},
+                          trained_on=_copy_lineage(d, model_id, c.trained_on),
+                          warm_start=_copy_warm_start(d, model_id, c.warm_start))
         atomic.write_bytes(d / "record.json", (rec.model_dump_json(indent=2) + "\n").encode())
         return rec
 

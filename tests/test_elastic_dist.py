@@ -15,7 +15,7 @@ from conftest import npz_specs
 from deploy.simcluster import netadmin_missing
 from sluice.stages.load.arrays import ArrayLoader
 from sluice.stages.train.config import TrainConfig
-from sluice.stages.train.launch import launch, make_job
+from sluice.stages.run.launch import launch, make_job
 from sluice.stages.train.schedule import lr_at
 from sluice.storage.checkpoint import load_checkpoint
 
@@ -115,7 +115,7 @@ def test_stop_on_two_ranks_resume_on_three_and_on_one_sample_exact(tmp_path, dat
 @pytest.mark.skipif(bool(netadmin_missing()), reason=f"simulated cluster: {netadmin_missing()}")
 def test_stop_on_one_machine_resume_on_two_simulated_nodes_of_two_ranks(tmp_path, data, halted):
     from deploy.simcluster import SimCluster
-    from sluice.stages.train.nodes import launch_nodes
+    from sluice.stages.run.nodes import launch_nodes
     copy_of(halted, tmp_path / "nodes")
     with SimCluster(2, rate="1gbit") as c:
         r = launch_nodes(job(data, 2), {"nodes": [n.spec() for n in c.nodes], "rdzv_timeout_s": 60},

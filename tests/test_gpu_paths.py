@@ -264,7 +264,7 @@ def test_ddp_world_one_every_hook_resumes(tmp_path, device, mode):
 def test_amp_auto_resolves_as_documented():
     """docs/training.md "Host classes": cuda → bf16, or fp16 with a GradScaler on GPUs without bf16; an
     explicit setting wins; the run reports what it resolved."""
-    from sluice.stages.compute import resolve_amp
+    from sluice.stages.precision import resolve_amp
     from sluice.stages.host import HOST_DEFAULTS, host_class
     from sluice.stages.load import ArrayLoader
     from sluice.stages.train import train
@@ -288,7 +288,7 @@ def test_gpu_checkpoint_evaluates_and_promotes_on_cpu_and_back(tmp_path, rgb_art
     from sluice.stages.train import train
     from sluice.stages.train.evaluate import evaluate_checkpoint, model_from_checkpoint, predict
     from sluice.storage.checkpoint import load_checkpoint
-    from sluice.storage.registry import Registry
+    from sluice.storage.registry import Candidate, Registry
     norm = AugmentSpec(ops=[Normalize(mean=[0.5], std=[0.5])])
     cfg = dict(model="small_cnn", model_kwargs={"width": 16}, in_channels=3, num_classes=4, max_steps=70,
                batch_size=32, lr=0.05, amp="auto", device="cuda", ema_decay=0.9, progress=False,
@@ -301,9 +301,9 @@ def test_gpu_checkpoint_evaluates_and_promotes_on_cpu_and_back(tmp_path, rgb_art
     on_cpu = evaluate_checkpoint(r.checkpoint, rgb_artifact.root, "val", batch_size=50, backend="memory")
     assert on_cpu["n"] == rgb_artifact.manifest.split("val").count and on_cpu["acc"] > 0.5
     reg = Registry(tmp_path / "registry")
-    rec = reg.register(r.checkpoint, dataset_fingerprint=rgb_artifact.fingerprint,
-                       eval_split=f"{rgb_artifact.fingerprint[:16]}/val", metric="val_acc",
-                       value=on_cpu["acc"], metrics={"val": on_cpu}, config=cfg)
+    rec = reg.register(Candidate(r.checkpoint, dataset_fingerprint=rgb_artifact.fingerprint,
+                                 eval_split=f"{rgb_artifact.fingerprint[:16]}/val", metric="val_acc",
+                                 value=on_cpu["acc"], metrics={"val": on_cpu}, config=cfg))
     assert reg.promote_if_better(rec).promoted and reg.champion().model_id == rec.model_id
     model, _ = model_from_checkpoint(reg.checkpoint_path(rec))  # back onto the GPU
     model = model.cuda()

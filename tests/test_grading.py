@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from sluice.errors import GradedOnTrainingData, RegistryError
-from sluice.stages.train.grading import champion_lineage, grade
+from sluice.stages.run.grading import champion_lineage, grade
 from sluice.storage.artifact import open_artifact
 from sluice.storage.lineage import ensure_unseen, key_hashes, overlap, split_key_hashes
-from sluice.storage.registry import Registry
+from sluice.storage.registry import Candidate, Registry
 
 
 def _ckpt(tmp_path: Path) -> Path:
@@ -30,13 +30,13 @@ def test_key_hashes_count_exactly_the_shared_keys():
 def test_registry_keeps_what_each_model_trained_on(tmp_path):
     reg = Registry(tmp_path / "reg")
     hashes = key_hashes(["a", "b", "c"])
-    rec = reg.register(_ckpt(tmp_path), dataset_fingerprint="f" * 64, eval_split="f/val", metric="val_acc",
-                       value=0.9, trained_on=("f" * 64, ["train", "holdout"], hashes))
+    rec = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint="f" * 64, eval_split="f/val", metric="val_acc",
+                                 value=0.9, trained_on=("f" * 64, ["train", "holdout"], hashes)))
     again = reg.get(rec.model_id)
     assert again.trained_on.splits == ["train", "holdout"] and again.trained_on.count == 3
     assert np.array_equal(reg.trained_hashes(again), hashes)
-    legacy = reg.register(_ckpt(tmp_path), dataset_fingerprint="f" * 64, eval_split="f/val", metric="val_acc",
-                          value=0.9)
+    legacy = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint="f" * 64, eval_split="f/val", metric="val_acc",
+                                    value=0.9))
     assert legacy.trained_on is None and reg.trained_hashes(legacy) is None
 
 
@@ -56,8 +56,8 @@ def test_a_model_is_refused_on_its_own_training_samples_and_allowed_elsewhere(fm
 def test_a_legacy_champion_is_checked_against_its_own_version_or_refused(tmp_path, fmnist_artifact):
     reg = Registry(tmp_path / "reg")
     fp = fmnist_artifact.manifest.fingerprint
-    rec = reg.register(_ckpt(tmp_path), dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="val_acc",
-                       value=0.9)  # no lineage: recorded before it existed
+    rec = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="val_acc",
+                                 value=0.9))  # no lineage: recorded before it existed
     datasets = Path(fmnist_artifact.root).parent
     hashes, where = champion_lineage(reg, rec, datasets)  # re-read from the version it names
     counts = fmnist_artifact.manifest.counts()
@@ -68,11 +68,11 @@ def test_a_legacy_champion_is_checked_against_its_own_version_or_refused(tmp_pat
 
 def test_a_champion_that_moved_while_grading_is_not_compared(tmp_path):
     reg = Registry(tmp_path / "reg")
-    first = reg.register(_ckpt(tmp_path), dataset_fingerprint="a", eval_split="a/val", metric="val_acc", value=0.8)
+    first = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint="a", eval_split="a/val", metric="val_acc", value=0.8))
     reg.promote_if_better(first)
-    other = reg.register(_ckpt(tmp_path), dataset_fingerprint="b", eval_split="b/val", metric="val_acc", value=0.9)
+    other = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint="b", eval_split="b/val", metric="val_acc", value=0.9))
     reg.promote_if_better(other, champion_value_now=0.7, graded_champion=first.model_id)  # graded `first`
-    late = reg.register(_ckpt(tmp_path), dataset_fingerprint="c", eval_split="c/val", metric="val_acc", value=0.95)
+    late = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint="c", eval_split="c/val", metric="val_acc", value=0.95))
     with pytest.raises(RegistryError, match="changed"):
         reg.promote_if_better(late, champion_value_now=0.7, graded_champion=first.model_id)
     assert reg.champion().model_id == other.model_id

@@ -1,4 +1,4 @@
-"""Defaults that resolve per host class (#27): the class follows what PyTorch will run, each
+"""Defaults that resolve per host class: the class follows what PyTorch will run, each
 class resolves its measured settings, an explicit setting wins, and results name their class."""
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from sluice.flows.pipeline import PipelineConfig
-from sluice.stages.compute import resolve_amp
-from sluice.stages.host import HOST_DEFAULTS, cpu_class
+from sluice.stages.precision import resolve_amp
+from sluice.stages.host import HOST_DEFAULTS, classify, cpu_class
 
 PROBE = """
 import json
 from sluice.flows.pipeline import PipelineConfig
-from sluice.stages.compute import resolve_amp
+from sluice.stages.precision import resolve_amp
 from sluice.stages.host import cpu_class
 c = PipelineConfig()
 print(json.dumps({"class": cpu_class(), "amp": resolve_amp("auto"), "line": c.resolved_for_host(),
@@ -44,12 +44,21 @@ def test_an_avx2_host_resolves_fp32_and_says_so():
     assert got["batch"] == HOST_DEFAULTS["avx2"].batch_per_rank
 
 
-def test_this_host_resolves_its_own_class():
-    native_bf16 = (torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-                   and bool(torch.cpu._is_avx512_bf16_supported()))
-    assert (cpu_class() in ("avx512_bf16", "amx")) == native_bf16
-    assert resolve_amp("auto", "cpu") == HOST_DEFAULTS[cpu_class()].amp
-    assert resolve_amp("auto", "cpu") == ("bf16" if native_bf16 else "none")
+@pytest.mark.parametrize("avx512,avx512_bf16,amx,want", [
+    (False, False, False, "avx2"), (True, False, False, "avx2"),  # AVX2; Intel AVX512 without bf16
+    (True, True, False, "avx512_bf16"), (True, True, True, "amx"),
+    (False, True, True, "avx2"),  # ATEN_CPU_CAPABILITY=avx2 on an AMX CPU: PyTorch runs AVX2 kernels
+])
+def test_a_cpu_is_classed_by_what_pytorch_computes_natively_on_it(avx512, avx512_bf16, amx, want):
+    assert classify(avx512, avx512_bf16, amx) == want
+
+
+@pytest.mark.parametrize("host_class,amp", [("avx2", "none"), ("avx512_bf16", "bf16"), ("amx", "bf16")])
+def test_auto_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch, host_class, amp):
+    """bf16 is emulated (~10x slower) on AVX2-class CPUs: ``auto`` is fp32 there."""
+    monkeypatch.setattr("sluice.stages.precision.cpu_class", lambda: host_class)
+    assert resolve_amp("auto", "cpu") == amp
+    assert [resolve_amp(m, "cpu") for m in ("none", "bf16", "fp16")] == ["none", "bf16", "fp16"]
 
 
 def test_an_explicit_setting_wins_over_the_host_class():
@@ -67,9 +76,3 @@ def test_results_name_their_host_class():
     assert class_of({"host_class": "avx2", "host_class_simulated": {"ATEN_CPU_CAPABILITY": "avx2"},
                      "host": {"flags": ["avx512_bf16"]}}) == "avx2 (simulated)"
     assert class_of({}) == "not recorded"
-
-
-def test_the_run_report_says_what_was_resolved():
-    from sluice.flows.report import report_markdown
-    md = report_markdown({"train": {"host": "avx2: fp32, 2 ranks x 1 thread, 64 per rank"}}, "/no/metrics")
-    assert "resolved for the host: avx2: fp32, 2 ranks x 1 thread, 64 per rank" in md

@@ -1,4 +1,4 @@
-"""Incremental versions (#28 item 2): a grown or changed source is written on top of the newest
+"""Incremental versions: a grown or changed source is written on top of the newest
 version; only new and changed samples are written, every backend reads the result as if it were
 whole, and a removed sample is never yielded again."""
 from __future__ import annotations

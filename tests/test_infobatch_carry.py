@@ -1,4 +1,4 @@
-"""InfoBatch's table carried by key into a warm run (#28 item 3): the champion's per-sample
+"""InfoBatch's table carried by key into a warm run: the champion's per-sample
 losses and seen flags reach tonight's index for unchanged samples, bit for bit; new, changed and
 relabelled samples start unseen; the selector built from the job starts from the table and a
 resumed run's own checkpoint replaces it; a checkpoint without an InfoBatch table carries nothing
@@ -22,11 +22,11 @@ from sluice.stages.select.infobatch_carry import load_table
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
-from sluice.stages.train.warm import WarmStartConfig, plan_summary, plan_warm_start, warm_job
+from sluice.stages.run.warm import WarmStartConfig, plan_summary, plan_warm_start, warm_job
 from sluice.storage.artifact import open_artifact
 from sluice.storage.checkpoint import save_checkpoint
 from sluice.storage.lineage import split_key_hashes
-from sluice.storage.registry import Registry
+from sluice.storage.registry import Candidate, Registry
 
 CFG = ShardConfig(workers=1, progress=False, shard_samples=200, formats=["webdataset"])
 IB = SelectionConfig(method="infobatch", params={"prune": 0.5, "sync_every": 1000})
@@ -94,8 +94,8 @@ def _champion(reg: Registry, root: str, path, ranks: list | None) -> None:
         state["ranks"] = ranks
     ckpt = save_checkpoint(path, state)
     fp = _art(root)[2]
-    rec = reg.register(ckpt, dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="acc", value=0.5,
-                       trained_on=(fp, ["train"], split_key_hashes(root, ["train"])))
+    rec = reg.register(Candidate(ckpt, dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="acc", value=0.5,
+                                 trained_on=(fp, ["train"], split_key_hashes(root, ["train"]))))
     assert reg.promote_if_better(rec).promoted
 
 

@@ -121,7 +121,7 @@ def test_npz_keys_refused_when_repeated_mismatched_or_not_strings(tmp_path):
 
 
 def test_deleting_an_npz_sample_keeps_every_other_sample_in_its_split(tmp_path):
-    """#28: with stable keys a deletion re-keys nothing, so no later sample changes split (with
+    """With stable keys a deletion re-keys nothing, so no later sample changes split (with
     positional keys, every sample after the deleted one would take its neighbour's key)."""
     n, gone = 2000, 700
     keys = [f"fm-{i}" for i in range(n)]
@@ -156,7 +156,7 @@ def _membership(plan) -> dict:
 
 
 def test_growth_never_moves_a_sample_between_splits():
-    """#28: the night's new samples get splits of their own; every existing sample keeps its
+    """The night's new samples get splits of their own; every existing sample keeps its
     split, so yesterday's training samples never reach today's val."""
     src = open_source("fashion-mnist")
     before = _membership(plan_splits(src, IngestConfig(limit=5000)))

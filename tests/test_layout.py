@@ -15,7 +15,7 @@ from conftest import ROOT
 
 PACKAGE_DIRS = {"sluice": ROOT / "sluice", "sluice.stages": ROOT / "stages",
                 "sluice.storage": ROOT / "storage", "sluice.flows": ROOT / "flows"}
-MAX_LINES = 400
+MAX_LINES = 600  # a signal to look, not a rule: past it a module usually does two jobs
 
 
 def _modules() -> dict[str, Path]:
@@ -113,14 +113,17 @@ def test_no_import_cycles(graph):
 @pytest.mark.parametrize("layer,forbidden", [
     ("sluice.storage", ("sluice.stages", "sluice.flows", "prefect", "torch.distributed")),
     ("sluice.stages", ("sluice.flows", "prefect")),
-    ("sluice.stages.data", ("sluice.stages.load", "sluice.stages.select", "sluice.stages.train")),
-    ("sluice.stages.load", ("sluice.stages.select", "sluice.stages.train")),
-    ("sluice.stages.select", ("sluice.stages.load", "sluice.stages.train")),
+    ("sluice.stages.data", ("sluice.stages.load", "sluice.stages.select", "sluice.stages.train",
+                            "sluice.stages.run")),
+    ("sluice.stages.load", ("sluice.stages.select", "sluice.stages.train", "sluice.stages.run")),
+    ("sluice.stages.select", ("sluice.stages.load", "sluice.stages.train", "sluice.stages.run")),
+    ("sluice.stages.train", ("sluice.stages.run",)),
     ("sluice.stages.contracts", ("sluice.stages.",)),
     ("sluice.errors", ("sluice.",)),
 ])
 def test_layers_import_only_downward(layer, forbidden):
-    """Contracts and errors sit below everything; nothing but the flows imports the trainer."""
+    """Contracts and errors sit below everything; a rank (``train``) never reaches up into the
+    run that launches it (``run``); nothing in ``stages`` imports the flows."""
     mods = _modules()
     bad = []
     for name, path in mods.items():
@@ -143,7 +146,8 @@ def test_every_package_folder_is_installed():
 
 
 def test_modules_stay_readable():
-    """No module over 400 lines: a longer one is split, not excused."""
+    """No module over 600 lines: past that a module usually does two jobs; look, and split it
+    where it does (a short module is no goal: one concept, one module)."""
     long = [f"{n} ({len(p.read_text().splitlines())} lines)" for n, p in _modules().items()
             if len(p.read_text().splitlines()) > MAX_LINES]
     assert long == []
@@ -208,3 +212,26 @@ def test_the_wheel_installs_one_top_level_package_usable_without_prefect(tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     where, loaded = r.stdout.splitlines()
     assert where.startswith(str(target)) and loaded == "[]"
+
+
+def test_the_run_path_in_architecture_md_is_the_code(graph):
+    """docs/architecture.md's table, from ``sluice demo`` to ``train_step``: each caller calls the
+    next function, imports its module, and the path crosses at most 6 modules."""
+    import re
+    rows = re.findall(r"^\| \d+ \| `([\w.]+)` \| `([\w.]+)` \|$", (ROOT / "docs" / "architecture.md").read_text(), re.M)
+    assert rows and rows[0][0] == "sluice.flows.cli.cmd_demo" and rows[-1][1].endswith(".step.train_step")
+    mods = _modules()
+    hops = 0
+    for k, (caller, callee) in enumerate(rows):
+        assert k == 0 or rows[k - 1][1] == caller, f"the path breaks before {caller}"
+        (cmod, cfn), (tmod, tfn) = caller.rsplit(".", 1), callee.rsplit(".", 1)
+        defs = {n.name: n for n in ast.parse(mods[tmod].read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert tfn in defs, f"{tmod} defines no function {tfn}"
+        fn = next(n for n in ast.parse(mods[cmod].read_text()).body if isinstance(n, ast.FunctionDef) and n.name == cfn)
+        called = {c.func.id if isinstance(c.func, ast.Name) else c.func.attr for c in ast.walk(fn)
+                  if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))}
+        assert tfn in called, f"{caller} does not call {tfn}"
+        if cmod != tmod:
+            assert tmod in graph[cmod], f"{cmod} does not import {tmod}"
+            hops += 1
+    assert hops <= 6

@@ -16,7 +16,7 @@ import pytest
 
 from procwatch import pids_with_env
 from sluice.stages.load.arrays import fashion_mnist
-from sluice.stages.train.launch import launch, make_job
+from sluice.stages.run.launch import launch, make_job
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads sockets from /proc (Linux)")
 

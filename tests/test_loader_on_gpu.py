@@ -16,7 +16,7 @@ from sluice.stages.load.augment import AugmentSpec, Flip, Normalize, RandomResiz
 from sluice.stages.load.backends.memory import MemoryBackend
 from sluice.stages.load.budget import device_placement
 from sluice.stages.load.integrity import Guard
-from sluice.stages.load.on_device import device_batches
+from sluice.stages.load.finish_batches import BatchFinisher
 from sluice.stages.load.timings import Timings
 from test_gpu_paths import make_rgb_artifact
 
@@ -62,13 +62,15 @@ def _with_damage(art) -> MemoryBackend:
 
 def _as_held(be: MemoryBackend, images: np.ndarray) -> None:
     """The split as a tensor held where it is (on CPU here; the GPU on a CUDA device)."""
-    be.images, be.held_labels = torch.from_numpy(images), torch.from_numpy(be.labels).long()
-    be.resident, be.staged = True, False
+    h = be.held
+    h.images, h.held_labels = torch.from_numpy(images), torch.from_numpy(be.labels).long()
+    h.resident, h.staged = True, False
 
 
 def _as_staged(be: MemoryBackend, images: np.ndarray) -> None:
-    be.images, be.held_labels = torch.from_numpy(images), None
-    be.resident, be.staged = False, True
+    h = be.held
+    h.images, h.held_labels = torch.from_numpy(images), None
+    h.resident, h.staged = False, True
 
 
 @pytest.mark.parametrize("hold", [_as_held, _as_staged])
@@ -76,7 +78,7 @@ def test_tensor_gathers_equal_the_numpy_gather_with_damage_skipped(art, hold):
     """A held or staged split yields the numpy path's samples, labels and indices, damaged ones
     dropped and counted alike, from any start batch."""
     be = _with_damage(art)
-    images = be.images
+    images = be.held.images
     order = np.random.default_rng(0).permutation(len(be.labels))
     for start in (0, 3):
         before = be.guard.skipped
@@ -89,19 +91,19 @@ def test_tensor_gathers_equal_the_numpy_gather_with_damage_skipped(art, hold):
         for (x, y, i), (rx, ry, ri) in zip(got, ref):
             assert np.array_equal(np.asarray(x), rx) and np.array_equal(np.asarray(y), ry)
             assert np.array_equal(np.asarray(i), ri) and not set(DAMAGED) & set(np.asarray(i).tolist())
-        be.images, be.resident, be.staged = images, False, False
+        be.held.images, be.held.resident, be.held.staged = images, False, False
 
 
 @pytest.mark.parametrize("hold", [_as_held, _as_staged])
-def test_device_batches_take_tensor_batches_as_numpy_ones(art, hold):
-    """``device_batches`` augments a held split's batches exactly as the numpy split's."""
+def test_finished_batches_take_tensor_batches_as_numpy_ones(art, hold):
+    """``BatchFinisher`` augments a held split's batches exactly as the numpy split's."""
     def run(be):
-        return list(device_batches(be, order, 1, 0, False, batch_size=50, seed=5, resolution=None,
-                                   device=torch.device("cpu"), augment=TorchAugment(SPEC, 5), timings=Timings()))
+        finisher = BatchFinisher(torch.device("cpu"), TorchAugment(SPEC, 5), seed=5, batch_size=50, timings=Timings())
+        return list(finisher.batches(be, order, 1, 0, False))
     be = _with_damage(art)
     order = np.random.default_rng(1).permutation(len(be.labels))
     ref = run(be)
-    hold(be, be.images)
+    hold(be, be.held.images)
     for got, want in zip(run(be), ref, strict=True):
         for a, b in zip(got, want):
             assert torch.equal(a, b)
@@ -134,7 +136,7 @@ def _same(got, ref, atol=0.0):
 def test_small_split_stays_on_the_gpu_with_the_cpu_loaders_batches_and_resume(art):
     ld = _loader(art, "cuda:0")
     be = ld.backend()
-    assert be.resident and be.images.device == torch.device("cuda", 0) and be.images.dtype == torch.uint8
+    assert be.held.resident and be.held.images.device == torch.device("cuda", 0) and be.held.images.dtype == torch.uint8
     assert "held on cuda:0" in ld.backend_reason and "within" in ld.backend_reason
     ref = _epochs(_loader(art, "cpu"))
     _same(_epochs(ld), ref, atol=1e-6)
@@ -167,9 +169,9 @@ def test_gpu_batches_skip_damaged_samples_as_the_cpu_loader(art):
 def test_augmented_gpu_batches_equal_the_cpu_torch_path(art):
     """Crop, flip and normalise on the GPU from the held split: the CPU torch path's pixels for
     the same (seed, epoch, batch) draws, within 1e-5."""
-    images = MemoryBackend(art, "train", 1).images
+    images = MemoryBackend(art, "train", 1).held.images
     ld = _loader(art, "cuda:0", augment=SPEC)
-    assert ld.backend().resident
+    assert ld.backend().held.resident
     cpu_order = _epochs(_loader(art, "cpu"))
     got = _epochs(ld)
     assert [i.tolist() for _, (_, _, i) in got] == [i.tolist() for _, (_, _, i) in cpu_order]
@@ -186,7 +188,8 @@ def test_augmented_gpu_batches_equal_the_cpu_torch_path(art):
 def test_over_the_device_budget_the_split_is_pinned_in_host_ram(art):
     ld = _loader(art, "cuda:0", device_memory_budget_bytes=1)
     be = ld.backend()
-    assert be.staged and not be.resident and be.images.device.type == "cpu" and be.images.is_pinned()
+    h = be.held
+    assert h.staged and not h.resident and h.images.device.type == "cpu" and h.images.is_pinned()
     assert "pinned host RAM" in ld.backend_reason and "more than" in ld.backend_reason
     x, _, _ = next(be.epoch(np.arange(64), 32, False))
     assert x.dtype == torch.uint8 and x.is_pinned()  # uint8 gathered straight into pinned memory
@@ -200,7 +203,7 @@ def test_bare_cuda_is_the_ranks_own_device(art):
     with torch.cuda.device(target):
         ld = _loader(art, "cuda")
         be = ld.backend()
-        assert be.device == torch.device("cuda", target) and be.images.device.index == target
+        assert be.device == torch.device("cuda", target) and be.held.images.device.index == target
         x, y, i = next(iter(ld))
     assert x.device.index == y.device.index == i.device.index == target
 
@@ -209,5 +212,5 @@ def test_on_cpu_the_split_stays_a_numpy_array(art):
     ld = _loader(art, "cpu")
     reason = ld.backend_reason
     be = ld.backend()
-    assert isinstance(be.images, np.ndarray) and not (be.resident or be.staged)
+    assert isinstance(be.held.images, np.ndarray) and not (be.held.resident or be.held.staged)
     assert be.placement == "" and ld.backend_reason == reason

@@ -18,8 +18,8 @@ from conftest import ROOT
 from deploy.simcluster import SimCluster, netadmin_missing
 from sluice.errors import ConfigError, RendezvousError
 from sluice.stages.train import TrainResult
-from sluice.stages.train.launch import launch, make_job, prepare_run
-from sluice.stages.train.nodes import LaunchConfig, launch_nodes
+from sluice.stages.run.launch import launch, make_job, prepare_run
+from sluice.stages.run.nodes import LaunchConfig, launch_nodes
 from sluice.storage.checkpoint import load_checkpoint
 
 needs_netns = pytest.mark.skipif(bool(netadmin_missing()), reason=f"simulated cluster: {netadmin_missing()}")

@@ -1,4 +1,4 @@
-"""benchmarks.nightly_growth's bookkeeping (#28): the night schedule, merging runs of the same
+"""benchmarks.nightly_growth's bookkeeping: the night schedule, merging runs of the same
 settings, the per-night summary and goals, and the docs/results.md block. No training: the runs here are
 made up."""
 from __future__ import annotations

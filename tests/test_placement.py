@@ -14,7 +14,7 @@ from sluice.stages.host import describe, rank_device, ranks_for, usable_cores
 from sluice.stages.load.config import loader_device
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.faults import device_failure_line, is_device_failure, out_of_memory
-from sluice.stages.train.launch import launch, make_job
+from sluice.stages.run.launch import launch, make_job
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

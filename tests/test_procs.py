@@ -1,4 +1,4 @@
-"""The process rules of ``sluice.procs``, each against the failure it is there to prevent."""
+"""The process rules of ``sluice.process_rules``, each against the failure it is there to prevent."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from procwatch import lock_free_in_a_child_forked_inside
 
-from sluice.procs import (describe_exit, fork_safe, helper_thread, in_helper_thread, parent_only_fd,
+from sluice.process_rules import (describe_exit, fork_safe, helper_thread, in_helper_thread, parent_only_fd,
                           stop_group)
 
 
@@ -101,7 +101,7 @@ def test_a_process_entry_runs_its_imported_module_and_flushes_before_leaving(tmp
             return 7 if sys.modules.get("entry_mod") is sys.modules[__name__] else 1
 
         if __name__ == "__main__":
-            from sluice.procs import run_as_imported
+            from sluice.process_rules import run_as_imported
             run_as_imported("entry_mod")
             raise SystemExit(2)  # never reached
         """))

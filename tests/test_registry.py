@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from sluice.storage.registry import Registry, RegistryError
+from sluice.storage.registry import Candidate, Registry, RegistryError
 
 
 def _ckpt(tmp_path, name="c.pt", data=b"weights"):
@@ -15,8 +15,8 @@ def _ckpt(tmp_path, name="c.pt", data=b"weights"):
 
 
 def _reg(reg, tmp_path, value, split="fp/test", fp="fp"):
-    return reg.register(_ckpt(tmp_path), dataset_fingerprint=fp, eval_split=split, metric="test_acc", value=value,
-                        config={"lr": 0.1})
+    return reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint=fp, eval_split=split, metric="test_acc", value=value,
+                                  config={"lr": 0.1}))
 
 
 def test_first_model_becomes_champion_and_records_are_immutable(tmp_path):
@@ -58,11 +58,11 @@ def test_different_eval_split_needs_reevaluation(tmp_path):
 def test_bad_candidates_are_refused(tmp_path):
     reg = Registry(tmp_path / "reg")
     with pytest.raises(RegistryError, match="nan"):
-        reg.register(_ckpt(tmp_path), dataset_fingerprint="f", eval_split="f/test", metric="test_acc",
-                     value=float("nan"))
+        reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint="f", eval_split="f/test", metric="test_acc",
+                               value=float("nan")))
     with pytest.raises(RegistryError, match="checkpoint not found"):
-        reg.register(tmp_path / "missing.pt", dataset_fingerprint="f", eval_split="f/test", metric="test_acc",
-                     value=0.5)
+        reg.register(Candidate(tmp_path / "missing.pt", dataset_fingerprint="f", eval_split="f/test", metric="test_acc",
+                               value=0.5))
     assert reg.list() == [] and reg.champion() is None
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from sluice.stages.select import (ILModelConfig, ImportanceSampler, SelectionConfig, SelectionError,
                            build_selector, compute_irreducible_loss, inject_label_noise,
                            irreducible_loss_scores, select_top)
-from sluice.stages.compute import resolve_amp
+from sluice.stages.precision import resolve_amp
 from sluice.storage.scores import ScoresError, load_scores, save_scores
 
 C = 10  # classes

@@ -1,4 +1,4 @@
-"""Per-sample state carried by key (#28 item 3): IL scores and a champion's per-sample losses of
+"""Per-sample state carried by key: IL scores and a champion's per-sample losses of
 unchanged samples are reused in the next dataset version; only new, changed and relabelled
 samples are scored, and a holdout the IL model may no longer keep forces a full recompute."""
 from __future__ import annotations
@@ -174,15 +174,15 @@ def test_a_warm_start_weighs_replay_by_cached_champion_losses(versions, tmp_path
     from sluice.stages.load import LoaderConfig
     from sluice.stages.load.specs import ArtifactData
     from sluice.stages.train.job import TrainJob
-    from sluice.stages.train.warm import WarmStartConfig, plan_warm_start
+    from sluice.stages.run.warm import WarmStartConfig, plan_warm_start
     from sluice.storage.lineage import split_key_hashes
-    from sluice.storage.registry import Registry
+    from sluice.storage.registry import Candidate, Registry
     v1, v2 = versions["v1"], versions["v2"]
     _checkpoint(tmp_path / "c.pt")
     reg = Registry(tmp_path / "reg")
     fp = open_artifact(v1).fingerprint
-    rec = reg.register(tmp_path / "c.pt", dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="val_acc",
-                       value=0.5, trained_on=(fp, ["train"], split_key_hashes(v1, ["train"])))
+    rec = reg.register(Candidate(tmp_path / "c.pt", dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="val_acc",
+                                 value=0.5, trained_on=(fp, ["train"], split_key_hashes(v1, ["train"]))))
     reg.promote_if_better(rec)
     job = TrainJob(config=TrainConfig(model="small_cnn", model_kwargs={"width": 4}),
                    data=ArtifactData(root=v2, loader=LoaderConfig(split="train")))

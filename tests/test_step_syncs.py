@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from sluice.errors import NonFiniteLoss
 from sluice.stages.load.arrays import ArrayLoader, fashion_mnist
 from sluice.stages.select import SelectionConfig, build_selector
-from sluice.stages.train import TrainConfig, loop, train
+from sluice.stages.train import TrainConfig, rank, train
 from sluice.stages.train.ema import build_ema, ema_decay_at
 from sluice.storage.checkpoint import load_checkpoint
 
@@ -69,11 +69,11 @@ def sync_free_run(data, device: str, watch: Callable[[int, Callable[[], Any]], A
     """Train ``STEPS`` steps logging every ``EVERY`` with InfoBatch (``params``; by default gathering
     on log steps, as ``sync_every`` = accumulated micro-batches per log window makes it), the EMA,
     clipping and accumulation on; ``watch(step, run)`` runs each ``train_step``."""
-    real = loop.train_step
+    real = rank.train_step
 
     def watched(parts, state, batches, *args, **kwargs):
         return watch(state.step + 1, lambda pause: real(parts, state, Paused(batches, pause), *args, **kwargs))
-    monkeypatch.setattr(loop, "train_step", watched)
+    monkeypatch.setattr(rank, "train_step", watched)
     x, y = data
     # by default anneal 0.5: InfoBatch prunes only before its first gather (step 5); pruning steps
     # are tests/test_infobatch_mask.py's (mask mode reads nothing, drop mode reads a pruned size)

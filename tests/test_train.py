@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from sluice.stages.load.arrays import ArrayLoader, fashion_mnist
-from sluice.stages.compute import cpu_has_fast_bf16, resolve_amp
+from sluice.stages.host import HOST_DEFAULTS, cpu_class
 from sluice.errors import CheckpointMismatch, ConfigError, NonFiniteLoss
 from sluice.stages.contracts import SelectedBatch
 from sluice.stages.load.specs import ArraysData
@@ -76,7 +76,7 @@ def test_array_loader_resumes_at_exact_next_batch():
 
 
 def test_typed_data_spec_builds_a_rank_slice_and_refuses_unknown_kinds(tmp_path, fmnist):
-    from sluice.stages.train.launch import make_job
+    from sluice.stages.run.launch import make_job
     x, y, *_ = fmnist
     np.savez(tmp_path / "a.npz", images=x[:100], labels=y[:100])
     ld = ArraysData(path=str(tmp_path / "a.npz")).build(batch_size=10, rank=1, world_size=2,
@@ -136,12 +136,10 @@ def test_bf16_autocast_trains(fmnist):
 
 
 def test_auto_amp_picks_bf16_only_where_the_cpu_computes_it(fmnist):
-    """bf16 is emulated (~10x slower) on CPUs without AVX512-bf16/AMX: "auto" means fp32 there."""
-    assert resolve_amp("auto", "cpu") == ("bf16" if cpu_has_fast_bf16() else "none")
-    assert [resolve_amp(m, "cpu") for m in ("none", "bf16", "fp16")] == ["none", "bf16", "fp16"]
+    """The run resolves ``auto`` once, by its host class's measured setting, and records it."""
     tr, ev = loaders(fmnist)
     r = train(cfg(amp="auto", channels_last=True), tr, ev)
-    assert r.summary["amp"] == resolve_amp("auto", "cpu") and r.final_acc is not None
+    assert r.summary["amp"] == HOST_DEFAULTS[cpu_class()].amp and r.final_acc is not None
 
 
 def test_fp16_needs_cuda():

@@ -11,7 +11,7 @@ import torch
 
 from sluice.errors import RendezvousError, TrainError
 from sluice.stages.train import TrainResult
-from sluice.stages.train.launch import free_port, launch, make_job
+from sluice.stages.run.launch import Rendezvous, free_port, launch, make_job
 from sluice.storage.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow  # torchrun launches: seconds to a minute each
@@ -99,16 +99,16 @@ def test_kill_minus_9_one_rank_restarts_from_checkpoint_and_finishes(tmp_path, d
 def test_unreachable_rendezvous_is_refused_before_launching_naming_the_address(tmp_path, data):
     port = free_port()  # nothing listens here
     with pytest.raises(RendezvousError, match=f"127.0.0.1:{port}"):
-        launch(make_job(cfg(), *data), nproc=1, nnodes=2, node_rank=1, out_dir=tmp_path / "run",
-               rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=2, **QUIET)
+        launch(make_job(cfg(), *data), nproc=1, out_dir=tmp_path / "run",
+               rendezvous=Rendezvous(f"127.0.0.1:{port}", nnodes=2, node_rank=1, timeout_s=2), **QUIET)
     assert not (tmp_path / "run").exists()  # refused before torchrun (and its own waits) started
 
 
 def test_rendezvous_host_gives_up_when_a_node_never_joins(tmp_path, data):
     endpoint = f"127.0.0.1:{free_port()}"
     with pytest.raises(RendezvousError, match=endpoint):
-        launch(make_job(cfg(max_steps=2), *data), nproc=1, nnodes=2, node_rank=0, out_dir=tmp_path,
-               rdzv_endpoint=endpoint, rdzv_timeout_s=3, **QUIET)
+        launch(make_job(cfg(max_steps=2), *data), nproc=1, out_dir=tmp_path,
+               rendezvous=Rendezvous(endpoint, nnodes=2, node_rank=0, timeout_s=3), **QUIET)
 
 
 def test_launch_timeout_stops_the_job(tmp_path, data):

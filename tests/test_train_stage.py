@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
-from sluice.stages.train.stage import watch_progress
+from sluice.stages.run.training import watch_progress
 
 
 def _step(n: int) -> str:

@@ -1,4 +1,4 @@
-"""Warm starts follow dataset ancestry (#28 item 4): the champion's version must be one tonight's
+"""Warm starts follow dataset ancestry: the champion's version must be one tonight's
 descends from (recorded in the manifest, so gc cannot break it), and a sample relabelled, given
 new pixels or deleted since the champion's version is never replayed as "already learnt"."""
 from __future__ import annotations
@@ -14,13 +14,13 @@ from sluice.stages.load.config import LoaderConfig
 from sluice.stages.load.specs import ArtifactData
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
-from sluice.stages.train.warm import WarmStartConfig, plan_warm_start, warm_job
+from sluice.stages.run.warm import WarmStartConfig, plan_warm_start, warm_job
 from sluice.storage.ancestry import changes_since, is_ancestor
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.checkpoint import save_checkpoint
 from sluice.storage.lineage import split_key_hashes
 from sluice.storage.manifest import read_manifest
-from sluice.storage.registry import Registry
+from sluice.storage.registry import Candidate, Registry
 
 CFG = ShardConfig(workers=1, progress=False, shard_samples=200, formats=["webdataset"])
 
@@ -79,9 +79,9 @@ def test_changes_since_an_ancestor_collect_every_delta(versions, tmp_path):
 def _champion(reg: Registry, version, tmp_path) -> None:
     cfg = TrainConfig(model="small_cnn")
     ckpt = save_checkpoint(tmp_path / "c.pt", {"config": cfg.model_dump(mode="json"), "compat": {"model": "small_cnn"}})
-    rec = reg.register(ckpt, dataset_fingerprint=version.manifest.fingerprint, eval_split=f"{version.manifest.fingerprint[:16]}/val",
-                       metric="acc", value=0.5,
-                       trained_on=(version.manifest.fingerprint, ["train"], split_key_hashes(version.root, ["train"])))
+    rec = reg.register(Candidate(ckpt, dataset_fingerprint=version.manifest.fingerprint, eval_split=f"{version.manifest.fingerprint[:16]}/val",
+                                 metric="acc", value=0.5,
+                                 trained_on=(version.manifest.fingerprint, ["train"], split_key_hashes(version.root, ["train"]))))
     assert reg.promote_if_better(rec).promoted
 
 

@@ -11,9 +11,9 @@ from sluice.errors import CheckpointMismatch, ConfigError, LoaderError
 from sluice.stages.load.samplers import SamplerConfig, build_sampler
 from sluice.stages.models import build_model
 from sluice.stages.train.config import TrainConfig
-from sluice.stages.train.init import load_initial_weights, trained_weights
-from sluice.stages.train.replay import REPLAY_POLICIES, ReplayContext
-from sluice.stages.train.warm import WarmStartConfig
+from sluice.stages.train.initial_weights import load_initial_weights, trained_weights
+from sluice.stages.run.replay import REPLAY_POLICIES, ReplayContext
+from sluice.stages.run.warm import WarmStartConfig
 from sluice.storage.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -92,17 +92,17 @@ def _job(artifact_root: str):
 
 def test_a_missing_or_corrupt_champion_falls_back_under_auto_and_is_refused_under_champion(tmp_path,
                                                                                            fmnist_artifact):
-    from sluice.stages.train.warm import plan_warm_start
+    from sluice.stages.run.warm import plan_warm_start
     from sluice.storage.lineage import split_key_hashes
-    from sluice.storage.registry import Registry
+    from sluice.storage.registry import Candidate, Registry
     root = fmnist_artifact.root
     reg = Registry(tmp_path / "reg")
     half = split_key_hashes(root, ["train"])[::2]
     ckpt = tmp_path / "good.pt"
     _ckpt(ckpt, TrainConfig(model="small_cnn"))
     fp = fmnist_artifact.manifest.fingerprint  # the champion saw half of this very version
-    rec = reg.register(ckpt, dataset_fingerprint=fp, eval_split="f/val", metric="val_acc", value=0.5,
-                       trained_on=(fp, ["train"], half))
+    rec = reg.register(Candidate(ckpt, dataset_fingerprint=fp, eval_split="f/val", metric="val_acc", value=0.5,
+                                 trained_on=(fp, ["train"], half)))
     reg.promote_if_better(rec)
     plan, why = plan_warm_start(WarmStartConfig(init="auto"), reg, _job(root), None, tmp_path / "run")
     assert plan is not None and plan.new > 0 and plan.replayed == min(plan.new, half.size), why

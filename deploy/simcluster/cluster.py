@@ -238,7 +238,7 @@ class SimNode:
         return subprocess.Popen(self.command(argv), **kw)
 
     def spec(self) -> dict[str, str]:
-        """This node as Sluice's launch config describes it (``sluice.stages.train.nodes``)."""
+        """This node as Sluice's launch config describes it (``sluice.stages.run.nodes``)."""
         return {"address": self.address, "netns": self.netns, "interface": self.interface,
                 "cpus": self.cpus}
 

@@ -20,9 +20,9 @@ NPY_HEADERS: dict[tuple[int, ...], bytes] = {}
 
 
 @dataclass
-class ShardJob:
+class SampleEncoder:
     """What every shard worker needs: the open source and how to encode its samples. Forked
-    pool workers inherit it (``procs.map_forked``) instead of re-reading the source."""
+    pool workers inherit it (``worker_pool.map_forked``) instead of re-reading the source."""
     source: Source
     config: ShardConfig
     num_classes: int | None

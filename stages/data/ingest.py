@@ -49,7 +49,8 @@ def open_source(config: IngestConfig | str) -> Source:
     return src
 
 
-def source_record(src: Source) -> SourceRecord:
-    """What the manifest records of the source an artifact came from."""
-    return SourceRecord(kind=src.kind, uri=src.uri, fingerprint=src.fingerprint(),
+def source_record(src: Source, fingerprint: str) -> SourceRecord:
+    """What the manifest records of the source an artifact came from; ``fingerprint``: the
+    source's, as the stage took it (hashing every source byte once is enough)."""
+    return SourceRecord(kind=src.kind, uri=src.uri, fingerprint=fingerprint,
                         details={"splits": src.split_sizes(), "class_names": src.class_names()})

@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 from sluice.errors import SampleError, ShardError, TooManyBadSamples
 from sluice.stages.data.config import ShardConfig
-from sluice.stages.data.encode import ShardJob
+from sluice.stages.data.encode import SampleEncoder
 from sluice.stages.data.split import SplitPlan
-from sluice.stages.procs import map_forked
+from sluice.stages.worker_pool import map_forked
 from sluice.storage import atomic
 from sluice.storage.sums import crc32
 
@@ -44,17 +44,17 @@ class ScanResult:
         return sum(len(v) for v in self.good.values()) + len(self.bad)
 
 
-def check_chunk(job: ShardJob, chunk: list[tuple[str, int]]) -> list[tuple]:
+def check_chunk(encoder: SampleEncoder, chunk: list[tuple[str, int]]) -> list[tuple]:
     """Decode and validate each (source split, index) of a chunk (in a pool worker): per sample
     ``(key, where, label, shape, None, content crc)``, or ``(key, where, None, None, reason, 0)``
     when it is unusable. Plain tuples: they cross the process boundary by the thousand."""
     out = []
     for sp, i in chunk:
-        key, where = job.source.describe(sp, i)
+        key, where = encoder.source.describe(sp, i)
         try:
-            s = job.source.load(sp, i)
+            s = encoder.source.load(sp, i)
             key, where = s.key, s.where
-            pixels, label = job.prepare(s)
+            pixels, label = encoder.prepare(s)
             out.append((key, where, label, pixels.shape, None, content_crc(pixels)))
         except SampleError as e:
             out.append((key, where, None, None, str(e), 0))
@@ -66,7 +66,7 @@ def content_crc(pixels) -> int:
     return crc32(repr(tuple(pixels.shape)).encode() + pixels.tobytes())
 
 
-def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> ScanResult:
+def scan(encoder: SampleEncoder, plan: SplitPlan, work: Path, workers: int, progress) -> ScanResult:
     """Validate every planned sample once (``progress(n)`` after each chunk); reuse a saved scan
     of the same plan."""
     scan_path = work / SCAN_FILE
@@ -84,7 +84,7 @@ def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> 
     shapes: dict[str, list[tuple[Shape, str]]] = {s: [] for s in plan}  # and where each came from
     bad: list[dict] = []
     crcs: dict[tuple[str, int], int] = {}
-    for (split, items), res in zip(chunks, map_forked(check_chunk, job, [c for _, c in chunks], workers)):
+    for (split, items), res in zip(chunks, map_forked(check_chunk, encoder, [c for _, c in chunks], workers)):
         g, sh = good[split], shapes[split]
         for (sp, i), (key, where, label, shape, reason, crc) in zip(items, res):
             if reason is None:
@@ -94,7 +94,7 @@ def scan(job: ShardJob, plan: SplitPlan, work: Path, workers: int, progress) -> 
             else:
                 bad.append({"split": split, "key": key, "where": where, "reason": reason})
         progress(len(items))
-    shape = _fixed_shape(good, shapes, bad, job.config)
+    shape = _fixed_shape(good, shapes, bad, encoder.config)
     good = {split: _dedupe(items) for split, items in good.items()}
     content = {split: [crcs[(g.source_split, g.source_index)] for g in items] for split, items in good.items()}
     atomic.write_bytes(scan_path, json.dumps({"plan_sizes": sizes, "good": good, "bad": bad,

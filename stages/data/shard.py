@@ -20,38 +20,32 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
-
 from sluice.errors import ShardError, SluiceError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
-from sluice.stages.data.encode import ShardJob
-from sluice.stages.data.formats.ffcv import FAILED as FFCV_FAILED
-from sluice.stages.data.formats.ffcv import SUMS as FFCV_SUMS
-from sluice.stages.data.formats.ffcv import FfcvWriter, ffcv_field_kind
+from sluice.stages.data.encode import SampleEncoder
+from sluice.stages.data.formats.ffcv import FfcvWriter
 from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, write_tar_shard
-from sluice.stages.data.increment import CONTENT_NAME, Increment, Parent, find_parent
+from sluice.stages.data.increment import Increment, Parent, find_parent
 from sluice.stages.data.increment import plan as plan_increment
-from sluice.stages.data.ingest import open_source, source_record
-from sluice.stages.data.scan import SCAN_FILE, PlannedSample, ScanResult, check_bad, scan
+from sluice.stages.data.ingest import open_source
+from sluice.stages.data.record import ShardRun, VersionIdentity, record_version
+from sluice.stages.data.scan import PlannedSample, check_bad, scan
 from sluice.stages.data.sources import Source
 from sluice.stages.data.split import plan_splits
-from sluice.stages.procs import WorkerDied, map_forked
+from sluice.stages.host import workers_or_cores
+from sluice.stages.worker_pool import WorkerDied, map_forked
 from sluice.storage import atomic
 from sluice.storage.artifact import LATEST
+from sluice.storage.fingerprint import combine
 from sluice.storage.gc import GC_LOCK
-from sluice.storage.fingerprint import combine, hash_obj, sha256_file
 from sluice.storage.locking import exclusive, shared
-from sluice.storage.manifest import (MAX_ANCESTORS, SCHEMA_VERSION, SPLITS, DamageRecord, FfcvPart, FieldSpecs, FileRecord,
-                                     ImageFieldSpec, LabelFieldSpec, Manifest, QuarantineRecord, Relabel,
-                                     ShardRecord, SplitRecord, read_manifest, write_manifest)
+from sluice.storage.manifest import SCHEMA_VERSION, Manifest, read_manifest
 from sluice.storage.paths import filesystem, is_local, join, local_path
 from sluice.storage.sums import KIND as SUMS_KIND
-from sluice.storage.sums import SUMS_NAME, make_sums
-from sluice.stages.host import usable_cores
 
 __all__ = ["PrepareConfig", "ShardConfig", "IngestConfig", "ShardSummary", "shard_dataset",
            "dataset_fingerprint", "write_shard_from_spec"]
@@ -113,10 +107,12 @@ def _bar(total: int, desc: str, enabled: bool) -> Iterator[Callable[[int], Any]]
         bar.close()
 
 
-def dataset_fingerprint(src: Source, ingest: IngestConfig, cfg: ShardConfig) -> str:
+def dataset_fingerprint(source_fp: str, ingest: IngestConfig, cfg: ShardConfig) -> str:
+    """The version's inputs: the source's content fingerprint (``Source.fingerprint``, which
+    hashes every source byte: taken once per run) with the config that shapes what is written."""
     # the checksum kinds are part of what is written: artifacts from before sums.npy (or
     # content.npy) get a new version
-    return combine(f"schema{SCHEMA_VERSION}", f"sums:{SUMS_KIND}", "content:crc32", src.fingerprint(),
+    return combine(f"schema{SCHEMA_VERSION}", f"sums:{SUMS_KIND}", "content:crc32", source_fp,
                    ingest.split_fingerprint(), cfg.content_fingerprint())
 
 
@@ -137,7 +133,8 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
     cfg = config or ShardConfig()
     ingest = IngestConfig(source=ingest) if isinstance(ingest, str) else ingest
     src = open_source(ingest)
-    whole = dataset_fingerprint(src, ingest, cfg)
+    source_fp = src.fingerprint()
+    whole = dataset_fingerprint(source_fp, ingest, cfg)
     with _no_gc(out):  # gc waits: a version found here, or a parent written on, must stay
         done = _finished(out, whole[:16], t0)  # this very source, written whole before
         if done is not None:
@@ -160,7 +157,10 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
             done = _finished(out, version, t0)
             if done is not None:
                 return done
-            manifest, results = _write(src, ingest, cfg, fp, work, map_shards, parent, refused, whole)
+            identity = VersionIdentity(
+                fp, whole, source_fp, parent.version if parent else None,
+                [parent.manifest.fingerprint, *parent.manifest.ancestors] if parent else [], refused)
+            manifest, results = _write(src, ingest, cfg, work, map_shards, parent, identity)
             if not is_local(root):
                 _upload(work, root)
                 shutil.rmtree(work, ignore_errors=True)
@@ -190,30 +190,29 @@ def _finished(out: str | os.PathLike, version: str, t0: float) -> ShardSummary |
     return ShardSummary(root, manifest, True, time.perf_counter() - t0)
 
 
-def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str, work: Path,
-           map_shards: ShardMap | None, parent: Parent | None = None,
-           refused: str | None = None, inputs: str | None = None) -> tuple[Manifest, list[ShardWritten]]:
-    """Scan, then write every shard and .beton of what is new into ``work`` and the manifest
-    last. Files are published one by one (atomically), so a killed run resumes from what it
-    finished."""
+def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_shards: ShardMap | None,
+           parent: Parent | None, identity: VersionIdentity) -> tuple[Manifest, list[ShardWritten]]:
+    """Scan, then write every shard and .beton of what is new on top of ``parent`` into ``work``
+    and the manifest last. Files are published one by one (atomically), so a killed run resumes
+    from what it finished."""
     fresh = not work.exists()
     work.mkdir(parents=True, exist_ok=True)
     atomic.remove_stale_temps(work)
-    workers = cfg.workers or usable_cores()
-    job = ShardJob(src, cfg, src.num_classes())
+    workers = workers_or_cores(cfg.workers)
+    encoder = SampleEncoder(src, cfg, src.num_classes())
     try:
         splits = plan_splits(src, ingest)
         with _bar(sum(len(v) for v in splits.values()), "checking samples", cfg.progress) as advance:
-            found = scan(job, splits, work, workers, advance)
+            found = scan(encoder, splits, work, workers, advance)
         check_bad(found, cfg, work if fresh else None)
         if parent is not None and parent.manifest.fields.image.shape != found.shape:
             refused = (f"the newest version {parent.version} holds images of shape "
                        f"{parent.manifest.fields.image.shape}, the source now {found.shape}; this version was "
                        "written whole")
-            parent = None
+            parent, identity = None, replace(identity, parent=None, ancestors=[], refused=refused)
         inc = plan_increment(parent, found)
-        tasks = _shard_tasks(job, inc, work) if "webdataset" in cfg.formats else []
-        ffcv = FfcvWriter(work, inc.new, job, found.shape, {s: b.count for s, b in inc.bases.items()})
+        tasks = _shard_tasks(encoder, inc, work) if "webdataset" in cfg.formats else []
+        ffcv = FfcvWriter(work, inc.new, encoder, found.shape, {s: b.count for s, b in inc.bases.items()})
         ffcv.start(background=bool(tasks) and workers > 1)
         try:
             if map_shards is not None and tasks:
@@ -222,16 +221,14 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str, work: P
             else:
                 results = []
                 with _bar(sum(len(t.items) for t in tasks), "writing shards", cfg.progress) as advance:
-                    for r in map_forked(write_tar_shard, job, tasks, workers):
+                    for r in map_forked(write_tar_shard, encoder, tasks, workers):
                         results.append(r)
                         advance(r.count)
         except BaseException:
             ffcv.abort()  # nothing may go on writing once the stage has failed
             raise
         ffcv.finish()
-        ancestry = [parent.manifest.fingerprint, *parent.manifest.ancestors] if parent else []
-        return _finish(work, src, ingest, cfg, fp, found, results, inc, ffcv,
-                       parent.version if parent else None, refused, inputs, ancestry), results
+        return record_version(ShardRun(work, encoder, ingest, found, inc, results, ffcv), identity), results
     except WorkerDied as e:
         raise ShardError(f"writing the artifact under {work} failed: {e}") from None
     except OSError as e:
@@ -244,7 +241,7 @@ def _tell(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-_OPENED: dict[str, ShardJob] = {}  # per process: the source a remote shard writer opened last
+_OPENED: dict[str, SampleEncoder] = {}  # per process: the source a remote shard writer opened last
 
 
 def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
@@ -256,21 +253,21 @@ def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
     if key not in _OPENED:
         _OPENED.clear()
         src = open_source(ingest)
-        _OPENED[key] = ShardJob(src, cfg, src.num_classes())
+        _OPENED[key] = SampleEncoder(src, cfg, src.num_classes())
     return asdict(write_tar_shard(_OPENED[key], ShardTask.from_dict(task)))
 
 
-def _samples_per_shard(job: ShardJob, good: dict[str, list[PlannedSample]]) -> int:
-    cfg = job.config
+def _samples_per_shard(encoder: SampleEncoder, good: dict[str, list[PlannedSample]]) -> int:
+    cfg = encoder.config
     sample = [g for items in good.values() for g in items][:64]
     if not cfg.shard_bytes or not sample:
         return cfg.shard_samples
-    return max(1, int(cfg.shard_bytes // mean_sample_bytes(job, sample)))
+    return max(1, int(cfg.shard_bytes // mean_sample_bytes(encoder, sample)))
 
 
-def _shard_tasks(job: ShardJob, inc: Increment, work: Path) -> list[ShardTask]:
+def _shard_tasks(encoder: SampleEncoder, inc: Increment, work: Path) -> list[ShardTask]:
     """The tar shards of the new samples: after the base's shards, numbered and indexed on."""
-    per = _samples_per_shard(job, inc.new)
+    per = _samples_per_shard(encoder, inc.new)
     tasks = []
     for split, items in inc.new.items():
         (work / split).mkdir(parents=True, exist_ok=True)
@@ -282,86 +279,6 @@ def _shard_tasks(job: ShardJob, inc: Increment, work: Path) -> list[ShardTask]:
                                    tar=str(work / split / f"shard-{k:06d}.tar"),
                                    idx=str(work / split / f"shard-{k:06d}.idx")))
     return tasks
-
-
-def _record(work: Path, path: Path, sha: str | None = None, size: int | None = None) -> FileRecord:
-    return FileRecord(path=path.relative_to(work).as_posix(), bytes=size if size is not None else path.stat().st_size,
-                      sha256=sha or sha256_file(path))
-
-
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    with atomic.atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-
-
-def _finish(work: Path, src: Source, ingest: IngestConfig, cfg: ShardConfig, fp: str,
-            found: ScanResult, results: list[ShardWritten], inc: Increment, ffcv: FfcvWriter,
-            parent: str | None, refused: str | None, inputs: str | None = None,
-            ancestors: list[str] | None = None) -> Manifest:
-    """Aligned label/key/checksum arrays (the base's, then the new samples'), then the
-    manifest: the artifact becomes visible."""
-    splits: dict[str, SplitRecord] = {}
-    by_split: dict[str, list[ShardWritten]] = {}
-    for r in results:
-        by_split.setdefault(r.split, []).append(r)
-    ncls = src.num_classes()
-    for split in SPLITS:
-        base, items = inc.bases[split], inc.new.get(split, [])
-        count = base.count + len(items)
-        d = work / split
-        d.mkdir(parents=True, exist_ok=True)
-        labels = np.concatenate([base.labels, np.array([g.label for g in items], dtype=np.int64)])
-        lab_path, key_path, sums_path, content_path = d / "labels.npy", d / "keys.txt", d / SUMS_NAME, d / CONTENT_NAME
-        _save_npy(lab_path, labels)
-        atomic.write_bytes(key_path, "".join(f"{k}\n" for k in [*base.keys, *(g.key for g in items)]).encode())
-        ffcv_parts = list(base.ffcv)
-        if "ffcv" in cfg.formats and items:
-            ffcv_parts.append(FfcvPart(file=_record(work, ffcv.path(split)), first_index=base.count, count=len(items)))
-        shards = list(base.shards)
-        written = sorted(by_split.get(split, []), key=lambda r: r.shard)
-        for r in written:
-            tar = _record(work, Path(r.tar), r.tar_sha, r.tar_bytes)
-            idx = _record(work, Path(r.idx), r.idx_sha, r.idx_bytes) if r.idx_sha else None
-            shards.append(ShardRecord(tar=tar, dali_index=idx, first_index=r.first_index, count=r.count))
-        ffcv_sums = np.load(d / FFCV_SUMS, allow_pickle=False) if "ffcv" in cfg.formats and items else None
-        new_sums = make_sums(len(items), [c for r in written for c in r.sums] if written else None, ffcv_sums)
-        _save_npy(sums_path, np.concatenate([base.sums, new_sums]))
-        _save_npy(content_path, np.concatenate([base.content, np.array(inc.new_content.get(split, []), np.uint32)]))
-        live = np.ones(count, bool)
-        live[sorted(base.removed)] = False
-        counts = np.bincount(labels[live], minlength=ncls or 0).tolist() if live.any() else [0] * (ncls or 0)
-        splits[split] = SplitRecord(count=count, shards=shards, ffcv=ffcv_parts[0].file if ffcv_parts else None,
-                                    ffcv_parts=ffcv_parts[1:], labels=_record(work, lab_path),
-                                    keys=_record(work, key_path), sums=_record(work, sums_path),
-                                    content=_record(work, content_path), class_counts=counts,
-                                    removed=sorted(base.removed),
-                                    relabelled=[Relabel(index=i, stored=v) for i, v in sorted(base.relabelled.items())])
-    num_classes = ncls or (max((g.label for items in found.good.values() for g in items), default=0) + 1)
-    fields = FieldSpecs(
-        image=ImageFieldSpec(encoding=cfg.encoding, shape=found.shape,
-                             ffcv_field=ffcv_field_kind(cfg, found.shape)),
-        label=LabelFieldSpec(num_classes=num_classes, class_names=src.class_names()))
-    files = [f for s in splits.values() for f in s.files()]
-    delta = inc.delta
-    if delta is not None:
-        delta.written_bytes = sum(f.bytes for f in files if f.version is None)
-        delta.reused_bytes = sum(f.bytes for f in files if f.version is not None)
-    manifest = Manifest(
-        fingerprint=fp, content_sha256=hash_obj([f.sha256 for f in files]),
-        source=source_record(src),
-        config={"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json")},
-        fields=fields, splits=splits,
-        quarantine=[QuarantineRecord(**b) for b in found.bad], formats=cfg.formats,
-        damaged_sources=[DamageRecord(where=w, reason=r) for w, r in src.damaged()],
-        parent=parent, ancestors=(ancestors or [])[:MAX_ANCESTORS], delta=delta, parent_refused=refused,
-        inputs=inputs or fp)
-    write_manifest(work, manifest)
-    (work / SCAN_FILE).unlink(missing_ok=True)
-    (work / FFCV_FAILED).unlink(missing_ok=True)
-    for split in SPLITS:
-        (work / split / FFCV_SUMS).unlink(missing_ok=True)
-    return manifest
 
 
 def _upload(work: Path, root: str) -> None:

@@ -7,7 +7,8 @@ number of steps. With ``drop_last=False`` the order is padded by repeating its f
 (like ``DistributedSampler``) so nothing is dropped; with ``even=False`` (evaluation) shards are
 ``order[rank::world]`` without padding. ``state_dict()`` is the epoch position
 (``epochs.EpochCursor``): it resumes at the exact next batch, or — at another world size or
-batch — with the rest of the epoch.
+batch — with the rest of the epoch. The arrays are held as the ``memory`` backend holds a decoded
+split (``backends.held_split.HeldSplit``): with a CUDA ``device``, on the GPU where they fit, else pinned.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from sluice.errors import ArtifactError, LoaderError
 from sluice.stages.data.sources.idx import read_idx
 from sluice.stages.load.epochs import EpochCursor
+from sluice.stages.load.backends.held_split import HeldSplit
 from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler
 from sluice.storage.artifact import DatasetArtifact, open_artifact
 from sluice.stages.host import usable_cores
@@ -32,7 +34,8 @@ class ArrayLoader:
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int,
                  shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = True, even: bool = True, delay_s: float = 0.0):
+                 drop_last: bool = True, even: bool = True, delay_s: float = 0.0,
+                 device: str | torch.device = "cpu"):
         if images.ndim == 3:  # N H W -> N H W 1
             images = images[..., None]
         if images.ndim != 4:
@@ -44,9 +47,9 @@ class ArrayLoader:
         if not 0 <= rank < world_size:
             raise LoaderError(f"rank {rank} outside world of size {world_size}")
         # NCHW once, so batches are cheap slices
-        self.images = torch.from_numpy(np.array(images.transpose(0, 3, 1, 2), order="C"))
-        self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-        n = len(self.labels)
+        nchw = np.array(images.transpose(0, 3, 1, 2), order="C")
+        self.held = HeldSplit(nchw, np.asarray(labels, dtype=np.int64), device)
+        n = len(labels)
         self.sampler = ShuffleSampler(n, seed) if shuffle else SequentialSampler(n)
         self.batch_size, self.seed = batch_size, seed
         self.rank, self.world_size = rank, world_size
@@ -76,7 +79,7 @@ class ArrayLoader:
     def __len__(self) -> int:
         if self.even:
             return self.cursor.batches()
-        return -(-len(range(self.rank, len(self.labels), self.world_size)) // self.batch_size)
+        return -(-len(range(self.rank, len(self.held.labels), self.world_size)) // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first batch (a new permutation)."""
@@ -84,14 +87,16 @@ class ArrayLoader:
         self.cursor.next_batch = 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        idx = self._shard()
+        idx = self._shard().astype(np.int64)
+        gather = self.held.gather(idx)
         while self.position < len(self):
             b = self.position
-            sel = torch.from_numpy(idx[b * self.batch_size:(b + 1) * self.batch_size].astype(np.int64))
+            lo, hi = b * self.batch_size, min((b + 1) * self.batch_size, len(idx))
             if self.delay_s:
                 time.sleep(self.delay_s)
             self.cursor.advance()
-            yield self.images[sel], self.labels[sel], sel
+            x, y, i = gather(idx[lo:hi], lo, hi, True)
+            yield torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(i)
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.cursor.state_dict(), "position": self.position, "seed": self.seed,
@@ -146,8 +151,8 @@ def split_arrays(artifact: str | os.PathLike | DatasetArtifact, split: str,
     be = _memory_backend()(art, split, usable_cores())
     if live_only and art.manifest.split(split).removed:
         live = art.live(split)
-        return be.images[live], be.labels[live]
-    return be.images, be.labels
+        return be.held.images[live], be.labels[live]
+    return be.held.images, be.labels
 
 
 def _memory_backend():

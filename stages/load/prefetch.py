@@ -3,7 +3,7 @@ so reading, decoding and augmenting overlap the caller's own work; and the calle
 for each batch timed either way.
 
 A backend that forks worker processes each epoch is driven from the caller's thread instead:
-forking from a helper thread can deadlock the child (``sluice.procs``, rule 2); such backends
+forking from a helper thread can deadlock the child (``sluice.process_rules``, rule 2); such backends
 (DataLoader workers) prefetch in their workers anyway.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable, Iterator, TypeVar
 
-from sluice.procs import helper_thread
+from sluice.process_rules import helper_thread
 from sluice.stages.load.timings import Timings
 
 T = TypeVar("T")

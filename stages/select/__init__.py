@@ -53,13 +53,7 @@ def build_selector(config: SelectionConfig, il_scores: np.ndarray | Scores | Non
         return None
     method = SELECTION_METHODS.get(config.method)
     n_b = config.n_select_for(candidate_size) if candidate_size is not None else None
-    if config.params.get("label_noise") == "auto":
-        acc = il_scores.extra.get("holdout_accuracy") if isinstance(il_scores, Scores) else None
-        if acc is None:
-            raise SelectionError("label_noise='auto' reads the noise rate off the IL model's "
-                                 "holdout accuracy: pass the IL Scores record (not a bare array) "
-                                 "or give label_noise a number")
-        config = config.model_copy(update={"params": {**config.params, "label_noise": round(max(0.0, 1.0 - acc), 4)}})
+    config = method.resolve_auto(config, il_scores)
     if isinstance(il_scores, Scores):
         try:
             check_scores(il_scores, fingerprint=dataset_fingerprint, length=split_size)

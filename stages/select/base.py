@@ -27,6 +27,7 @@ from sluice.stages.contracts import SelectedBatch, SelectionStats
 
 if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
     from sluice.stages.select.config import SelectionConfig
+    from sluice.storage.scores import Scores
 
 SELECTION_METHODS: PluginRegistry[type["BaseSelector"]] = PluginRegistry(
     "selection_methods", "selection method")
@@ -92,6 +93,13 @@ class BaseSelector:
     def build(cls, config: "SelectionConfig", ctx: SelectorContext) -> "BaseSelector":
         """The selector for ``config`` (override to check or prepare more)."""
         return cls(config, ctx)
+
+    @classmethod
+    def resolve_auto(cls, config: "SelectionConfig",
+                     il_scores: "np.ndarray | Scores | None") -> "SelectionConfig":
+        """``config`` with this method's ``auto`` knobs given values, from what the selector is
+        built with (default: none to resolve)."""
+        return config
 
     @classmethod
     def for_training_stage(cls, config: "SelectionConfig") -> "SelectionConfig":

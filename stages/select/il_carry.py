@@ -1,14 +1,15 @@
-"""Irreducible-loss scores carried across dataset versions by key (#28): a new version reuses
+"""Irreducible-loss scores carried across dataset versions by key: a new version reuses
 the nearest earlier version's scores for every unchanged train sample and scores only its new,
 changed and relabelled ones, with the same stored IL model.
 
 An IL score is a fixed model's loss on a fixed (pixels, label): reusing it for a sample with the
-same key, content CRC and label (``storage/sample_ids.py``) gives exactly the value a rescoring by
-that model would. The model may be kept only while what it learnt from is still tonight's
-holdout: every holdout sample it trained on must still be there, live, with the same content
-and label. A deleted one (a deletion request: no model may keep what it learnt from it), a
-changed or a relabelled one forces a retrain on tonight's holdout and a full rescore; so does a
-holdout that has grown by more than ``il.refresh_growth`` since (the model would be stale).
+same key, content CRC and label (``storage/sample_ids.py``, carried by ``storage/keyed_table.py``)
+gives exactly the value a rescoring by that model would. The model may be kept only while what
+it learnt from is still tonight's holdout: every holdout sample it trained on must still be
+there, live, with the same content and label. A deleted one (a deletion request: no model may
+keep what it learnt from it), a changed or a relabelled one forces a retrain on tonight's holdout
+and a full rescore; so does a holdout that has grown by more than ``il.refresh_growth`` since
+(the model would be stale).
 
 The record says what happened, in ``Scores.extra``: ``reused`` (this very version's scores were
 found stored), ``reused_from`` (the version whose scores were carried, or None), ``reused_samples``
@@ -18,6 +19,7 @@ found stored), ``reused_from`` (the version whose scores were carried, or None),
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -27,10 +29,10 @@ from sluice.errors import ScoresError, SelectionError
 from sluice.stages.select.config import ILModelConfig
 from sluice.stages.select.il_model import (IL_KIND, check_inputs, fit_and_score, irreducible_loss_scores,
                                            resolved_config, score_key, score_with, to_float_images)
-from sluice.stages.select.il_store import StoredIL, load_il, model_bytes, save_il
+from sluice.stages.select.il_store import ILModelRecord, StoredIL, load_il, model_bytes, save_il
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.ancestry import ancestry
-from sluice.storage.sample_ids import SampleIds, match, missing, split_ids
+from sluice.storage.sample_ids import SampleIds, missing, split_ids
 from sluice.storage.scores import Scores, find_scores
 
 # (split, live_only) -> (uint8 NHWC images, int64 labels), index-aligned unless live_only: the
@@ -63,12 +65,32 @@ def il_scores_for_version(config: ILModelConfig, art: DatasetArtifact, arrays: A
         return _with(s, reused_from=None, reused_samples=0, scored=len(ty),
                      retrained="this version has no content sums (written by an older Sluice)")
     holdout = hold_all.take(hold_live)
+    target = _Target(cfg, art, arrays, scores_root, split, key, train_ids, device)
     stored, why = _nearest(scores_root, art, split, key)
     if stored is not None:
         why = _refusal(stored, holdout, cfg.refresh_growth, _channels(art))
         if not why:
-            return _carry(cfg, stored, art, arrays, scores_root, split, key, train_ids, device)
-    return _full(cfg, art, arrays, scores_root, split, key, num_classes, holdout, train_ids, device, why or None)
+            return _carry(target, stored)
+    return _full(target, holdout, num_classes, why or None)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The split being scored, how its samples are read, and where its scores are stored."""
+    cfg: ILModelConfig  # resolved
+    art: DatasetArtifact
+    arrays: Arrays
+    scores_root: str
+    split: str
+    key: dict
+    ids: SampleIds  # every sample of the split, aligned to its index
+    device: str | torch.device
+
+    def save(self, values: np.ndarray, valid: np.ndarray, extra: dict, il: ILModelRecord) -> Scores:
+        """Store the scores with the model that made them (and the ids they cover)."""
+        s = save_il(self.scores_root, values, fingerprint=self.art.fingerprint, kind=IL_KIND, split=self.split,
+                    config=self.key, extra=extra, il=il, scored=self.ids, valid=valid)
+        return _with(s, reused=False)
 
 
 def _with(s: Scores, **extra) -> Scores:
@@ -115,52 +137,41 @@ def _refusal(stored: StoredIL, holdout: SampleIds, refresh_growth: float, channe
     return ""
 
 
-def _carry(cfg: ILModelConfig, stored: StoredIL, art: DatasetArtifact, arrays: Arrays, scores_root: str,
-           split: str, key: dict, train_ids: SampleIds, device) -> Scores:
+def _carry(t: _Target, stored: StoredIL) -> Scores:
     """The stored values for unchanged samples, the stored model's for the live rest."""
-    n = len(train_ids)
-    values, valid = np.zeros(n, np.float32), np.zeros(n, bool)  # a removed index never read: 0 is its filler
-    usable = np.flatnonzero(stored.valid)
-    rows, src = match(stored.scored.take(usable), train_ids)
-    values[rows] = stored.scores.values[usable[src]]
-    valid[rows] = True
-    live = art.live(split)
+    carried, valid = stored.by_id().carry(t.ids)  # a removed index is never read: 0 is its filler
+    values = carried["score"]
+    live = t.art.live(t.split)
     todo = live[~valid[live]]
     t0 = time.perf_counter()
     acc = stored.scores.extra.get("scored_accuracy")
     if todo.size:
-        tx, ty = arrays(split, False)
-        vals, acc = score_with(stored.model(cfg, device), cfg, tx[todo], ty[todo], stored.num_classes, split, device)
+        tx, ty = t.arrays(t.split, False)
+        vals, acc = score_with(stored.model(t.cfg, t.device), t.cfg, tx[todo], ty[todo], stored.num_classes,
+                               t.split, t.device)
         values[todo], valid[todo] = vals, True
     old = stored.scores.extra
     extra = {"train_seconds": 0.0, "score_seconds": round(time.perf_counter() - t0, 3),
              "holdout_size": len(stored.holdout), "holdout_accuracy": old.get("holdout_accuracy"),
              # on tonight's newly scored samples when there are any (unseen by the model, as before)
-             "scored_split": split, "scored_accuracy": acc,
+             "scored_split": t.split, "scored_accuracy": acc,
              "reused_from": stored.scores.fingerprint, "reused_samples": int(live.size - todo.size),
              "scored": int(todo.size), "retrained": None}
-    s = save_il(scores_root, values, fingerprint=art.fingerprint, kind=IL_KIND, split=split, config=key,
-                extra=extra, model=stored.model_bytes, in_channels=stored.in_channels,
-                num_classes=stored.num_classes, trained_on=stored.trained_on, holdout=stored.holdout,
-                scored=train_ids, valid=valid)
-    return _with(s, reused=False)
+    return t.save(values, valid, extra, stored)
 
 
-def _full(cfg: ILModelConfig, art: DatasetArtifact, arrays: Arrays, scores_root: str, split: str, key: dict,
-          num_classes: int, holdout: SampleIds, train_ids: SampleIds, device, why: str | None) -> Scores:
+def _full(t: _Target, holdout: SampleIds, num_classes: int, why: str | None) -> Scores:
     """A model trained on tonight's live holdout scores every sample; it is stored with them."""
-    hx, hy = arrays("holdout", True)
-    tx, ty = arrays(split, False)
-    if len(hy) != len(holdout) or len(ty) != len(train_ids):
-        raise SelectionError(f"the loader gave {len(hy)} holdout and {len(ty)} {split} samples; the "
-                             f"artifact has {len(holdout)} live holdout and {len(train_ids)} {split} samples")
-    values, extra, model = fit_and_score(cfg, hx, hy, tx, ty, num_classes, split, device)
-    in_channels = int(to_float_images(hx[:1], cfg).shape[1])
+    hx, hy = t.arrays("holdout", True)
+    tx, ty = t.arrays(t.split, False)
+    if len(hy) != len(holdout) or len(ty) != len(t.ids):
+        raise SelectionError(f"the loader gave {len(hy)} holdout and {len(ty)} {t.split} samples; the "
+                             f"artifact has {len(holdout)} live holdout and {len(t.ids)} {t.split} samples")
+    values, extra, model = fit_and_score(t.cfg, hx, hy, tx, ty, num_classes, t.split, t.device)
+    il = ILModelRecord(weights=model_bytes(model), in_channels=int(to_float_images(hx[:1], t.cfg).shape[1]),
+                       num_classes=num_classes, trained_on=t.art.fingerprint, holdout=holdout)
     extra = {**extra, "reused_from": None, "reused_samples": 0, "scored": int(len(ty)), "retrained": why}
-    s = save_il(scores_root, values, fingerprint=art.fingerprint, kind=IL_KIND, split=split, config=key,
-                extra=extra, model=model_bytes(model), in_channels=in_channels, num_classes=num_classes,
-                trained_on=art.fingerprint, holdout=holdout, scored=train_ids, valid=np.ones(len(ty), bool))
-    return _with(s, reused=False)
+    return t.save(values, np.ones(len(ty), bool), extra, il)
 
 
 def describe(s: Scores) -> str:

@@ -4,10 +4,11 @@ version can score only its new samples with the same model.
 Beside ``<kind>-<split>-<hash>.npy`` (``storage/scores.py``)::
 
     <kind>-<split>-<hash>.model.pt   the IL model's state dict (``torch.load(weights_only=True)``)
-    <kind>-<split>-<hash>.ids.npz    holdout_*: key hash, content CRC and label of each holdout
-                                     sample the model trained on; keys/content/labels: the same of
-                                     each scored sample, aligned to the scores; valid: which
-                                     values are that model's loss (False: a removed index's filler)
+    <kind>-<split>-<hash>.ids.npz    a ``KeyedTable`` of the scored samples, aligned to the scores
+                                     (keys/content/labels: key hash, content CRC and label; valid:
+                                     which values are that model's loss, False for a removed index's
+                                     filler), plus holdout_*: the same ids of each holdout sample
+                                     the model trained on
 
 Both are written before the scores and their sidecar, which records their sha256 under
 ``extra["il_model"]``: the sidecar (written last) vouches for the model, as it does for the array.
@@ -25,34 +26,48 @@ import torch
 
 from sluice.errors import StorageError
 from sluice.stages.models import build_model
+from sluice.stages.pixels import channels_last
 from sluice.stages.select.config import ILModelConfig
 from sluice.storage import atomic
+from sluice.storage.keyed_table import KeyedTable
 from sluice.storage.paths import exists, read_bytes
-from sluice.storage.sample_ids import SampleIds, load_npz, save_npz
+from sluice.storage.sample_ids import SampleIds, load_npz
 from sluice.storage.scores import Scores, config_hash, save_scores, scores_path
 
 MODEL_SUFFIX, IDS_SUFFIX = ".model.pt", ".ids.npz"
 
 
 @dataclass(frozen=True)
-class StoredIL:
-    """A stored scores record with the model that made it and the identities it covers."""
-    scores: Scores
-    state: dict[str, torch.Tensor]
-    model_bytes: bytes
+class ILModelRecord:
+    """An IL model and what it learnt from: what is stored beside every score it produced."""
+    weights: bytes  # its state dict as ``torch.save`` bytes (``model_bytes``)
     in_channels: int
     num_classes: int
     trained_on: str  # fingerprint of the version whose holdout trained the model
     holdout: SampleIds  # what it trained on
-    scored: SampleIds  # aligned to scores.values
-    valid: np.ndarray  # bool, aligned to scores.values
 
     def model(self, config: ILModelConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
         """The IL model, rebuilt and loaded, in eval mode."""
         m = build_model(config.architecture, in_channels=self.in_channels, num_classes=self.num_classes,
                         **config.model_kwargs)
-        m.load_state_dict(self.state)
-        return m.to(device).to(memory_format=torch.channels_last).eval()
+        m.load_state_dict(_state(self.weights))
+        return channels_last(m.to(device)).eval()
+
+
+@dataclass(frozen=True)
+class StoredIL(ILModelRecord):
+    """A stored scores record with the model that made it and the identities it covers."""
+    scores: Scores
+    scored: SampleIds  # aligned to scores.values
+    valid: np.ndarray  # bool, aligned to scores.values
+
+    def by_id(self) -> KeyedTable:
+        """The model's scores by sample (column ``score``), a removed index's filler left out."""
+        return KeyedTable(self.scored, {"score": self.scores.values}).take(np.flatnonzero(self.valid))
+
+
+def _state(weights: bytes) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
 
 
 def side_paths(npy_path: str) -> tuple[str, str]:
@@ -69,18 +84,17 @@ def model_bytes(model: torch.nn.Module) -> bytes:
 
 
 def save_il(scores_root: str, values: np.ndarray, *, fingerprint: str, kind: str, split: str,
-            config: dict[str, Any], extra: dict[str, Any], model: bytes, in_channels: int,
-            num_classes: int, trained_on: str, holdout: SampleIds, scored: SampleIds,
+            config: dict[str, Any], extra: dict[str, Any], il: ILModelRecord, scored: SampleIds,
             valid: np.ndarray) -> Scores:
     """Store the model and ids, then the scores whose sidecar vouches for them."""
     if len(scored) != len(values) or len(valid) != len(values):
         raise StorageError(f"{len(values)} scores but ids for {len(scored)} and {len(valid)} valid flags")
     npy = scores_path(scores_root, fingerprint, kind, split, config_hash(config))
     model_path, ids_path = side_paths(npy)
-    atomic.write_bytes(model_path, model)
-    ids = save_npz(ids_path, {**holdout.arrays("holdout_"), **scored.arrays(), "valid": np.asarray(valid, bool)})
-    meta = {"model_sha256": hashlib.sha256(model).hexdigest(), "ids_sha256": hashlib.sha256(ids).hexdigest(),
-            "in_channels": int(in_channels), "num_classes": int(num_classes), "trained_on": trained_on}
+    atomic.write_bytes(model_path, il.weights)
+    ids = KeyedTable(scored, {"valid": np.asarray(valid, bool)}).save(ids_path, il.holdout.arrays("holdout_"))
+    meta = {"model_sha256": hashlib.sha256(il.weights).hexdigest(), "ids_sha256": hashlib.sha256(ids).hexdigest(),
+            "in_channels": int(il.in_channels), "num_classes": int(il.num_classes), "trained_on": il.trained_on}
     return save_scores(scores_root, values, fingerprint=fingerprint, kind=kind, split=split, config=config,
                        extra={**extra, "il_model": meta})
 
@@ -100,13 +114,13 @@ def load_il(scores: Scores) -> tuple[StoredIL | None, str]:
             hashlib.sha256(raw_ids).hexdigest() != meta.get("ids_sha256"):
         return None, f"the IL model or ids stored with {scores.path} differ from what its sidecar recorded"
     try:
-        state = torch.load(io.BytesIO(raw_model), map_location="cpu", weights_only=True)
+        state = _state(raw_model)
         ids = load_npz(ids_path, raw_ids)
-        holdout, scored = SampleIds.from_arrays(ids, "holdout_"), SampleIds.from_arrays(ids)
-        valid = np.asarray(ids["valid"], bool)
+        holdout, scored = SampleIds.from_arrays(ids, "holdout_"), KeyedTable.from_arrays(ids, {"valid": bool})
     except (StorageError, KeyError, RuntimeError, ValueError, OSError) as e:
         return None, f"the IL model or ids stored with {scores.path} are unreadable: {e}"
-    if len(scored) != len(scores) or len(valid) != len(scores) or not isinstance(state, dict):
+    if len(scored) != len(scores) or not isinstance(state, dict):
         return None, f"the ids stored with {scores.path} do not cover its {len(scores)} scores"
-    return StoredIL(scores, state, raw_model, int(meta["in_channels"]), int(meta["num_classes"]),
-                    str(meta.get("trained_on", scores.fingerprint)), holdout, scored, valid), ""
+    return StoredIL(weights=raw_model, in_channels=int(meta["in_channels"]), num_classes=int(meta["num_classes"]),
+                    trained_on=str(meta.get("trained_on", scores.fingerprint)), holdout=holdout, scores=scores,
+                    scored=scored.ids, valid=scored.columns["valid"]), ""

@@ -1,4 +1,4 @@
-"""InfoBatch's per-sample table carried from the champion into a warm run (#28 item 3).
+"""InfoBatch's per-sample table carried from the champion into a warm run.
 
 The champion's training checkpoint holds its InfoBatch table (``InfoBatchSelector.state_dict``
 in each rank's ``selector`` entry): each sample's last training loss and whether it was trained,
@@ -6,8 +6,9 @@ aligned to the split index of the champion's dataset version, plus every rank's 
 yet all-gathered (folded in here, in rank order, as the next gather would have). A warm run of a
 later version starts from it: a sample with the same key, content CRC and label
 (``storage/sample_ids.py``) that the warm plan counts as already learnt keeps its loss and seen
-flag at its index in tonight's split; every other sample (new, changed, relabelled, removed and
-re-added, deleted) starts unseen, so InfoBatch never prunes it before it has trained it.
+flag at its index in tonight's split (``storage/keyed_table.py`` lays them there); every other
+sample (new, changed, relabelled, removed and re-added, deleted) starts unseen, so InfoBatch never
+prunes it before it has trained it.
 
 The table travels as a plain ``.npz`` (``loss`` float32, ``seen`` bool, tonight's ``fingerprint``
 and ``split``; no pickle) named by ``SelectionSpec.carried_table``; every rank loads the same file
@@ -26,7 +27,8 @@ import torch
 
 from sluice.errors import SelectionError, StorageError
 from sluice.storage.artifact import open_artifact
-from sluice.storage.sample_ids import load_npz, match, save_npz, split_ids
+from sluice.storage.keyed_table import KeyedTable
+from sluice.storage.sample_ids import load_npz, save_npz, split_ids
 
 TABLE = "infobatch_carried.npz"
 
@@ -86,18 +88,18 @@ def carry_table(table: tuple[np.ndarray, np.ndarray], champion_root: str | os.Pa
     if loss.size != len(theirs):
         return CarriedTable(None, 0, f"InfoBatch starts empty: the champion's table holds {loss.size} rows, "
                                      f"its version's {split} split {len(theirs)} samples")
-    learnt = np.asarray(learnt, np.int64)
     # the champion's live samples only: a key removed and re-added sits at two indices, the old unused
-    rows, src = match(theirs.take(their_live), ours.take(learnt))
-    dest, src = learnt[rows], their_live[src]
-    out_loss, out_seen = np.zeros(len(ours), np.float32), np.zeros(len(ours), bool)
-    out_loss[dest], out_seen[dest] = loss[src], seen[src]
+    champion = KeyedTable(theirs, {"loss": np.asarray(loss, np.float32), "seen": np.asarray(seen, bool)})
+    champion = champion.take(their_live)
+    carried, found = champion.carry(ours, rows=learnt)
+    out_loss, out_seen = carried["loss"], carried["seen"]
+    rows = int(found.sum())
     path = Path(out_dir) / TABLE
     save_npz(path, {"loss": out_loss, "seen": out_seen, "fingerprint": np.array(fingerprint),
                     "split": np.array(split)})
-    return CarriedTable(str(path), int(dest.size),
-                        f"InfoBatch starts from the champion's table: {dest.size} unchanged samples carried "
-                        f"({int(out_seen.sum())} with a loss); the other {len(ours) - dest.size} start unseen")
+    return CarriedTable(str(path), rows,
+                        f"InfoBatch starts from the champion's table: {rows} unchanged samples carried "
+                        f"({int(out_seen.sum())} with a loss); the other {len(ours) - rows} start unseen")
 
 
 def load_table(path: str | os.PathLike, split_size: int, fingerprint: str | None) -> dict[str, torch.Tensor]:

@@ -1,11 +1,17 @@
-"""Known label noise for experiments: flip a seeded fraction of labels and remember which."""
+"""Label noise: injected for experiments (a seeded fraction of labels flipped, and which), and
+the rate a scoring pass assumes when ``label_noise`` is ``auto``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sluice.errors import SelectionError
+from sluice.storage.scores import Scores
+
+if TYPE_CHECKING:  # the config module imports the method registry, whose methods import this
+    from sluice.stages.select.config import SelectionConfig
 
 
 @dataclass(frozen=True)
@@ -47,3 +53,16 @@ def inject_label_noise(labels: np.ndarray, fraction: float, num_classes: int,
     out = y.copy()
     out[flipped] = (y[flipped] + shift) % num_classes
     return LabelNoise(out, flipped, fraction, seed, num_classes)
+
+
+def resolve_label_noise(config: "SelectionConfig", il_scores: np.ndarray | Scores | None) -> "SelectionConfig":
+    """``config`` with ``label_noise: auto`` set to 1 - the IL model's accuracy on its holdout,
+    read off the IL scores record: the rate of noise the IL model's own labels showed."""
+    if config.params.get("label_noise") != "auto":
+        return config
+    acc = il_scores.extra.get("holdout_accuracy") if isinstance(il_scores, Scores) else None
+    if acc is None:
+        raise SelectionError("label_noise='auto' reads the noise rate off the IL model's "
+                             "holdout accuracy: pass the IL Scores record (not a bare array) "
+                             "or give label_noise a number")
+    return config.model_copy(update={"params": {**config.params, "label_noise": round(max(0.0, 1.0 - acc), 4)}})

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from sluice.stages.contracts import SelectedBatch
 from sluice.stages.select.base import SELECTION_METHODS, BaseSelector, ScoringParams, candidate_losses, check_finite
+from sluice.stages.select.label_noise import resolve_label_noise
 
 
 class SelectiveBackpropParams(ScoringParams):
@@ -21,6 +22,7 @@ class SelectiveBackpropSelector(BaseSelector):
     """Keep candidates with probability percentile(loss)**beta among recent losses; emit
     exactly n_b per call from a queue of kept samples (oldest first)."""
     Params = SelectiveBackpropParams
+    resolve_auto = staticmethod(resolve_label_noise)  # label_noise: auto, off the IL scores record
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -8,12 +8,14 @@ import torch
 from sluice.stages.contracts import SelectedBatch
 from sluice.stages.select.base import (SELECTION_METHODS, BaseSelector, ScoringParams, candidate_losses,
                                        check_finite, select_top)
+from sluice.stages.select.label_noise import resolve_label_noise
 
 
 @SELECTION_METHODS.register("loss")
 class TopLossSelector(BaseSelector):
     """The n_b candidates with the highest ``score`` (here: the training loss)."""
     Params = ScoringParams
+    resolve_auto = staticmethod(resolve_label_noise)  # label_noise: auto, off the IL scores record
 
     def score(self, loss: torch.Tensor, il: torch.Tensor | None) -> torch.Tensor:
         return loss

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from sluice.stages.contracts import ResumableLoader, Selector
 from sluice.stages.train.elastic import Resize
-from sluice.stages.train.parts import TrainParts
+from sluice.stages.train.components import Components
 from sluice.stages.train.state import RunState, reference_lr_scale
 from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 
@@ -61,7 +61,7 @@ def finite_weights(model: torch.nn.Module) -> bool:
 class Checkpointer:
     """Owns the run's checkpoint: when to save, what goes in, and loading it back (any world size)."""
 
-    def __init__(self, parts: TrainParts, loader: ResumableLoader, selector: Selector | None,
+    def __init__(self, parts: Components, loader: ResumableLoader, selector: Selector | None,
                  batch_scale: Fraction = Fraction(1)):
         self.parts, self.loader, self.selector = parts, loader, selector
         self.cfg, self.d = parts.cfg, parts.d

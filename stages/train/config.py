@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.plugins import entry_params
-from sluice.stages.compute import AmpMode
+from sluice.stages.precision import AmpMode
 from sluice.stages.models import MODELS
 from sluice.stages.train.comm import COMM_HOOKS
 from sluice.storage.fingerprint import hash_obj
@@ -91,7 +91,7 @@ class TrainConfig(BaseModel):
                                               "logits of each image and its mirror image")
     # speed
     amp: AmpMode = Field("none", description="autocast dtype; 'auto' = bf16/fp16 where the "
-                         "device computes it natively, else fp32 (sluice.stages.compute)")
+                         "device computes it natively, else fp32 (sluice.stages.precision)")
     channels_last: bool = False
     compile: bool = False
     comm: CommConfig = Field(default_factory=CommConfig)

@@ -85,7 +85,7 @@ def rescale_job(job: TrainJob, scale: Fraction, world: int) -> TrainJob:
     if scale == 1:
         return job
     data = job.data
-    if data.kind == "artifact":
+    if data.kind in ("artifact", "tokens"):
         loader = data.loader.model_copy(update={"batch_size": scaled(data.loader.batch_size, scale,
                                                                      "a loader batch", world)})
         data = data.model_copy(update={"loader": loader})
@@ -140,9 +140,9 @@ class Resize:
             if cfg.resize == "scale_global_batch" else 1.0
         return cls(g["world"], world, g["world_origin"], want, weight, lr)
 
-    def record(self, total_steps: int | None, units: float) -> dict[str, Any]:
+    def record(self, total_steps: int | None, budget_used: float) -> dict[str, Any]:
         """What the checkpoint keeps (plain values, for ``weights_only`` loading)."""
         return {"world_origin": self.world_origin, "batch_scale": [self.batch_scale.numerator,
                                                                    self.batch_scale.denominator],
-                "total_steps": total_steps, "units": units}
+                "total_steps": total_steps, "units": budget_used}
 

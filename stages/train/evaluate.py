@@ -5,26 +5,26 @@ which model wins."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sluice.stages.compute import autocast
+from sluice.stages.precision import autocast
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load import AugmentSpec, Loader, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize
 from sluice.stages.load.backends.base import with_index
 from sluice.stages.load.samplers import SequentialSampler, SubsetSampler
 from sluice.stages.models import build_model
+from sluice.stages.pixels import channels_last
 from sluice.stages.train.dist import DistContext
-from sluice.stages.train.init import trained_weights
+from sluice.stages.train.initial_weights import trained_weights
+from sluice.stages.train.tasks import Task
 from sluice.storage.checkpoint import load_checkpoint
-
-Prepare = Callable[[Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-
 
 def predict(model: torch.nn.Module, x: torch.Tensor, tta: str = "none") -> torch.Tensor:
     """Float logits; with ``tta="flip"`` the mean of the image's and its mirror image's."""
@@ -35,25 +35,36 @@ def predict(model: torch.nn.Module, x: torch.Tensor, tta: str = "none") -> torch
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: ResumableLoader, prep: Prepare, amp: str,
+def evaluate(model: torch.nn.Module, loader: ResumableLoader, task: Task, amp: str,
              d: DistContext, tta: str = "none") -> dict[str, float]:
-    """Accuracy and mean loss over ``loader`` (each rank its shard, summed across ranks)."""
+    """Accuracy and mean loss over ``loader`` (each rank its shard, summed across ranks): per
+    image, or per token for a language model (``n`` counts the same unit), and then also the
+    loss of each source of the loader's mixture (``loss_by_source``)."""
     was = model.training
     model.eval()
     tot = d.tensor([0.0, 0.0, 0.0])
+    by_source = None  # [summed loss, tokens] per mixture source
     loader.set_epoch(0)
     with autocast(amp, d.device):
         for batch in loader:
-            x, y, _ = prep(batch)
+            x, y, _ = task.prep(batch)
             out = predict(model, x, tta)
-            tot[0] += (out.argmax(1) == y).sum()
-            tot[1] += F.cross_entropy(out, y, reduction="sum")
-            tot[2] += len(y)
+            tot += task.eval_sums(out, y)
+            part = task.source_sums(out, y, batch) if hasattr(task, "source_sums") else None
+            if part is not None:
+                by_source = part if by_source is None else by_source + part
     if d.on:
         dist.all_reduce(tot)
+        if by_source is not None:
+            dist.all_reduce(by_source)
     model.train(was)
     n = max(tot[2].item(), 1.0)
-    return {"acc": tot[0].item() / n, "loss": tot[1].item() / n, "n": int(tot[2].item())}
+    out = {"acc": tot[0].item() / n, "loss": tot[1].item() / n, "n": int(tot[2].item())}
+    if by_source is not None:
+        names = list(getattr(loader, "names", [])) or [f"source{i}" for i in range(by_source.shape[1])]
+        sums, counts = by_source.tolist()
+        out["loss_by_source"] = {name: s / c for name, s, c in zip(names, sums, counts) if c}
+    return out
 
 
 def scoring_device(device: str | torch.device = "auto") -> torch.device:
@@ -75,14 +86,14 @@ def model_from_checkpoint(checkpoint: str | os.PathLike, use_ema: bool = True,
     model.load_state_dict(trained_weights(state, use_ema))
     model.to(device).eval()
     if cfg.get("channels_last"):  # as trained: channels-last convolutions are ~2x faster on CPU
-        model.to(memory_format=torch.channels_last)
+        channels_last(model)
     return model, cfg
 
 
 def _checkpoint_batches(checkpoint: str | os.PathLike, artifact: str | os.PathLike, split: str, batch_size: int,
                         backend: str, device: str | torch.device, sampler: Any = None) -> Iterator[tuple]:
-    """The checkpoint's model and config, and a function giving its float logits for every
-    batch of ``split`` (normalised as trained, no augmentation, on ``device``, the run's TTA)."""
+    """The checkpoint's float logits, labels and split indices for every batch of ``split``
+    (normalised as trained, no augmentation, on ``device``, the run's TTA)."""
     dev = scoring_device(device)
     model, cfg = model_from_checkpoint(checkpoint, device=dev)
     spec = AugmentSpec(ops=[Normalize(mean=cfg.get("normalize_mean", [0.5]), std=cfg.get("normalize_std", [0.5]))])
@@ -90,37 +101,54 @@ def _checkpoint_batches(checkpoint: str | os.PathLike, artifact: str | os.PathLi
                                            sampler=SamplerConfig(kind="sequential"), drop_last=False, prefetch=1,
                                            device=str(dev)),
                     custom_sampler=sampler)
-    layout = torch.channels_last if cfg.get("channels_last") else torch.contiguous_format
+    layout = channels_last if cfg.get("channels_last") else torch.Tensor.contiguous
     tta = cfg.get("eval_tta", "none")
     for x, y, idx in loader:
-        yield predict(model, x.contiguous(memory_format=layout), tta), y, idx
+        yield predict(model, layout(x), tta), y, idx
+
+
+@dataclass(frozen=True)
+class CheckpointPass:
+    """What one pass of a checkpoint over samples of a split measured."""
+    metrics: dict[str, float]  # acc, loss (mean cross-entropy), n
+    losses: np.ndarray  # float32: the cross-entropy of each of the indices asked for, in that order
 
 
 @torch.no_grad()
-def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLike,
-                        split: str = "test", batch_size: int = 1000,
-                        backend: str = "auto", device: str | torch.device = "auto") -> dict[str, float]:
-    """Accuracy and mean cross-entropy of a checkpoint over every sample of ``split``, on
-    ``device`` (auto: this process's GPU where there is one)."""
+def checkpoint_pass(checkpoint: str | os.PathLike, artifact: str | os.PathLike, split: str,
+                    indices: np.ndarray | None = None, *, batch_size: int = 1000, backend: str = "auto",
+                    device: str | torch.device = "auto") -> CheckpointPass:
+    """Accuracy and mean cross-entropy of a checkpoint over every sample of ``split`` (or of
+    ``indices``, split indices; then each one's loss too), on ``device`` (auto: this process's
+    GPU where there is one). No augmentation, the evaluation's TTA."""
+    order = np.empty(0, np.int64) if indices is None else np.asarray(indices, dtype=np.int64)
+    losses = np.empty(order.size, dtype=np.float32)
+    pos = {int(i): k for k, i in enumerate(order)}
+    sampler = None if indices is None else SubsetSampler(SequentialSampler(order.size), order)
     hits, loss, n = 0, 0.0, 0
-    for out, y, _ in _checkpoint_batches(checkpoint, artifact, split, batch_size, backend, device):
+    for out, y, idx in _checkpoint_batches(checkpoint, artifact, split, batch_size, backend, device, sampler):
         hits += int((out.argmax(1) == y).sum())
         loss += float(F.cross_entropy(out, y, reduction="sum"))
         n += len(y)
-    return {"acc": hits / max(n, 1), "loss": loss / max(n, 1), "n": n}
+        if indices is not None:
+            each = F.cross_entropy(out, y, reduction="none")
+            losses[[pos[int(i)] for i in idx.tolist()]] = each.float().cpu().numpy()
+    return CheckpointPass({"acc": hits / max(n, 1), "loss": loss / max(n, 1), "n": n}, losses)
 
 
-@torch.no_grad()
+def evaluate_checkpoint(checkpoint: str | os.PathLike, artifact: str | os.PathLike,
+                        split: str = "test", batch_size: int = 1000,
+                        backend: str = "auto", device: str | torch.device = "auto") -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a checkpoint over every sample of ``split``: what the
+    promotion decision compares."""
+    return checkpoint_pass(checkpoint, artifact, split, batch_size=batch_size, backend=backend,
+                           device=device).metrics
+
+
 def per_sample_losses(checkpoint: str | os.PathLike, artifact: str | os.PathLike, split: str,
                       indices: np.ndarray, batch_size: int = 1000, backend: str = "auto",
                       device: str | torch.device = "auto") -> np.ndarray:
     """A checkpoint's cross-entropy on each of ``indices`` (split indices), in that order: what
-    a replay policy weighs old samples by. No augmentation, the evaluation's TTA."""
-    order = np.asarray(indices, dtype=np.int64)
-    out = np.empty(order.size, dtype=np.float32)
-    pos = {int(i): k for k, i in enumerate(order)}
-    sampler = SubsetSampler(SequentialSampler(order.size), order)
-    for logits, y, idx in _checkpoint_batches(checkpoint, artifact, split, batch_size, backend, device, sampler):
-        loss = F.cross_entropy(logits, y, reduction="none")
-        out[[pos[int(i)] for i in idx.tolist()]] = loss.float().cpu().numpy()
-    return out
+    a replay policy weighs old samples by."""
+    return checkpoint_pass(checkpoint, artifact, split, indices, batch_size=batch_size, backend=backend,
+                           device=device).losses

@@ -1,5 +1,5 @@
-"""A training job as it crosses into the torchrun workers: one typed, validated document, and
-how the pipeline assembles it from its stage configs.
+"""A training job as it crosses into the ranks: one typed, validated document (the pipeline
+assembles it: ``sluice.stages.run.assemble``).
 
 ``launch`` validates the job before it starts anything (a bad field, an unknown model, method or
 compression hook fails in the caller's process, naming the field) and writes it as
@@ -9,55 +9,17 @@ specs. Nothing in it names code to import: user code is reached through the regi
 """
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
-from sluice.stages.load.augment import Normalize
-from sluice.stages.load.specs import ArtifactData, DataSpec
-from sluice.stages.select import SELECTION_METHODS, SelectionConfig, candidate_size_for
+from sluice.stages.load.specs import DataSpec
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 
-# Evaluation reads every sample of the report split once, in order, at a batch size that keeps
-# its per-batch overhead small; it never augments beyond normalising.
-EVAL_BATCH = 500
-
 
 class TrainJob(BaseModel):
+    """What every rank of one run builds its data, model and selector from."""
     model_config = ConfigDict(extra="forbid")
     config: TrainConfig
     data: DataSpec = Field(description="the training data: candidate batches, per rank")
     eval_data: DataSpec | None = Field(None, description="evaluated at eval_every_steps and at the end")
     selection: SelectionSpec | None = None
-
-
-def assemble_job(train: TrainConfig, loader: LoaderConfig, augment: AugmentSpec, selection: SelectionConfig,
-                 eval_split: str, data: dict[str, Any], il_path: str | None) -> TrainJob:
-    """The job for one dataset version (``data``: ``ShardSummary.info()``): the train config, the
-    data specs (train: candidate batches; eval: every sample of ``eval_split`` once) and the
-    selection spec. With a method that picks a subset, each rank draws ``batch / ratio``
-    candidates and trains on ``batch`` of them; only full candidate batches, so every rank does
-    the same work. InfoBatch draws ``batch`` candidates and trains the ones it does not prune."""
-    norm = Normalize(mean=train.normalize_mean, std=train.normalize_std)
-    n_b = train.batch_size
-    sel, n_big = selection, n_b
-    if sel.method != "none":
-        n_big = candidate_size_for(sel, n_b)
-        update = {"n_select": n_b} if sel.picks_subset and sel.n_select is None else {}
-        sel = SELECTION_METHODS.get(sel.method).for_training_stage(sel.model_copy(update=update))
-    train_loader = loader.model_copy(update={
-        "split": "train", "batch_size": n_big, "drop_last": True,
-        "augment": AugmentSpec(ops=[*augment.ops, norm], channels_last=augment.channels_last or train.channels_last)})
-    eval_loader = loader.model_copy(update={
-        "split": eval_split, "batch_size": EVAL_BATCH, "drop_last": False, "augment": AugmentSpec(ops=[norm]),
-        "resolution": None, "sampler": SamplerConfig(kind="sequential")})
-    spec = None
-    if sel.method != "none":
-        spec = SelectionSpec(config=sel, candidate_size=n_big, split_size=data["counts"]["train"],
-                             fingerprint=data["fingerprint"], il_scores=il_path)
-    config = train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
-                                      "progress": False})
-    return TrainJob(config=config, data=ArtifactData(root=data["root"], loader=train_loader),
-                    eval_data=ArtifactData(root=data["root"], loader=eval_loader), selection=spec)

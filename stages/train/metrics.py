@@ -27,7 +27,7 @@ from sluice.stages.contracts import ResumableLoader
 from sluice.stages.host import describe, gpu_name, host_class
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import DistContext
-from sluice.stages.train.parts import TrainParts
+from sluice.stages.train.components import Components
 from sluice.stages.train.state import RunState
 
 
@@ -187,7 +187,7 @@ def corrupt_skipped(loader: ResumableLoader, d: DistContext) -> int:
     return int(n.item())
 
 
-def run_line(parts: TrainParts, loader: ResumableLoader) -> str:
+def run_line(parts: Components, loader: ResumableLoader) -> str:
     """What the run resolved, in the one line the banner prints ("cuda: 1 × H100, bf16, 1 rank x 16
     threads, 64 per rank, loader on cuda:0"; on CPUs "avx2: fp32, 2 ranks x 1 thread, 64 per rank")."""
     cfg, d = parts.cfg, parts.d
@@ -199,7 +199,7 @@ def run_line(parts: TrainParts, loader: ResumableLoader) -> str:
                     loader_device=str(where) if where is not None else "cpu (the trainer copies)")
 
 
-def summarize(parts: TrainParts, state: RunState, records: list[dict[str, Any]],
+def summarize(parts: Components, state: RunState, records: list[dict[str, Any]],
               loader: ResumableLoader, halted: bool) -> dict[str, Any]:
     """The run's summary: world, comm, host, why it stopped, per-step means (collective: every
     rank's weight digest and the loader's skipped samples are gathered)."""

@@ -1,6 +1,6 @@
 """Where a run stands (step, epoch, clock) and the budget it is measured against.
 
-The budget is counted in units of the starting global batch (``units``): a run resumed at another
+The budget is counted in steps of the starting global batch (``budget_used``): a run resumed at another
 world size adds ``Resize.step_weight`` per step, so the schedule, which follows ``progress``,
 keeps its meaning in samples. The checkpointer saves and restores this state with the weights.
 """
@@ -41,7 +41,7 @@ class RunState:
     total_steps: int | None
     lr_scale: float
     resize: Resize
-    units: float = 0.0  # budget used, in steps of the starting global batch
+    budget_used: float = 0.0  # budget used, in steps of the starting global batch
     step: int = 0
     epoch: int = 0
     elapsed: float = 0.0
@@ -60,7 +60,7 @@ class RunState:
         """Fraction of the budget used (steps or seconds, whichever is further along)."""
         p = 0.0
         if self.total_steps:
-            p = self.units / self.total_steps
+            p = self.budget_used / self.total_steps
         if self.cfg.max_seconds:
             p = max(p, self.elapsed / self.cfg.max_seconds)
         return p
@@ -69,7 +69,7 @@ class RunState:
         return lr_at(self.cfg, self.progress(), self.total_steps) * self.lr_scale
 
     def steps_done(self) -> bool:
-        return bool(self.total_steps and self.units >= self.total_steps - 1e-9)
+        return bool(self.total_steps and self.budget_used >= self.total_steps - 1e-9)
 
     def finished(self) -> bool:
         return self.steps_done() or bool(self.cfg.max_seconds and self.elapsed >= self.cfg.max_seconds)
@@ -84,7 +84,7 @@ class RunState:
     def advance(self, seconds: float) -> None:
         """One optimizer step taken in ``seconds``."""
         self.step += 1
-        self.units += self.resize.step_weight
+        self.budget_used += self.resize.step_weight
         self.elapsed += seconds
 
     def agree_on_clock(self, d: DistContext) -> float:
@@ -97,14 +97,14 @@ class RunState:
 
     # -- checkpoint --------------------------------------------------------------------------
     def elastic_record(self) -> dict[str, Any]:
-        return self.resize.record(self.total_steps, self.units)
+        return self.resize.record(self.total_steps, self.budget_used)
 
     def restore(self, s: dict[str, Any]) -> None:
         """Continue from checkpoint ``s`` (its step, epoch, clock, budget and evaluations)."""
         self.step, self.epoch, self.elapsed = s["step"], s["epoch"], s["elapsed"]
         e = s.get("elastic") or {}
         self.total_steps = e.get("total_steps", self.total_steps)
-        self.units = float(e.get("units", self.step))
+        self.budget_used = float(e.get("units", self.step))
         self.resumed_from = self.step
         self.evals = list(s.get("evals", []))
 

@@ -23,12 +23,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from sluice.stages.compute import autocast
+from sluice.stages.precision import autocast
 from sluice.stages.contracts import Selector, raw_stats
 from sluice.stages.train.metrics import StepRecord, non_finite_error
-from sluice.stages.train.parts import TrainParts
+from sluice.stages.train.components import Components
 from sluice.stages.train.schedule import momentum_at
 from sluice.stages.train.state import RunState
 
@@ -45,7 +44,7 @@ def set_schedule(opt: torch.optim.Optimizer, lr: float, momentum: float) -> None
 
 
 @dataclasses.dataclass
-class Tally:
+class MicroBatchSums:
     """What one step's micro-batches add up to (device sums in float64, as Python's floats were)."""
     data_s: float = 0.0  # waiting for and preparing batches
     select_s: float = 0.0  # the selector's scoring
@@ -56,7 +55,7 @@ class Tally:
     trained: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(default_factory=list)  # to observe
 
 
-def train_step(parts: TrainParts, state: RunState, batches: Iterator[Any], selector: Selector | None,
+def train_step(parts: Components, state: RunState, batches: Iterator[Any], selector: Selector | None,
                log_samples: SampleLog | None = None, checkpoint: Path | None = None) -> StepRecord:
     """Take ``accum_steps`` batches from ``batches`` and make one optimizer step.
 
@@ -68,11 +67,11 @@ def train_step(parts: TrainParts, state: RunState, batches: Iterator[Any], selec
     t0 = time.perf_counter()
     lr = state.lr()
     set_schedule(parts.opt, lr, momentum_at(cfg, state.progress()))
-    tally = Tally()
+    sums = MicroBatchSums()
     for micro in range(cfg.accum_steps):  # DDP all-reduces the gradients on the last one only
-        micro_batch(parts, state, batches, selector, log_samples, tally,
+        micro_batch(parts, state, batches, selector, log_samples, sums,
                     sync_grads=micro == cfg.accum_steps - 1)
-    stats = agree(parts, tally)
+    stats = reduce_over_ranks(parts, sums)
     checked = parts.scaler.is_enabled()
     if checked:  # fp16: the scaler reads its inf check anyway; skip or fail as before
         if stats[1].item() > 0:
@@ -82,21 +81,21 @@ def train_step(parts: TrainParts, state: RunState, batches: Iterator[Any], selec
     # stateful selectors (importance estimates) learn from the trained samples' losses; every
     # rank observes (it may all-gather); a step non-finite on any rank hands over NaN only
     finite = stats[1] == 0
-    for indices, losses in tally.trained:
+    for indices, losses in sums.trained:
         selector.observe(indices, torch.where(finite, losses, float("nan")))
     scale = _optimizer_step(parts, state)
     step_s = time.perf_counter() - t0
     state.advance(step_s)
-    return _record(parts, state, stats, lr, step_s, tally, scale, checked)
+    return _record(parts, state, stats, lr, step_s, sums, scale, checked)
 
 
-def micro_batch(parts: TrainParts, state: RunState, batches: Iterator[Any], selector: Selector | None,
-                log_samples: SampleLog | None, tally: Tally, sync_grads: bool) -> None:
+def micro_batch(parts: Components, state: RunState, batches: Iterator[Any], selector: Selector | None,
+                log_samples: SampleLog | None, sums: MicroBatchSums, sync_grads: bool) -> None:
     """One micro-batch: prepare, select, forward, backward (gradients accumulate)."""
     cfg, d = parts.cfg, parts.d
     td = time.perf_counter()
-    x, y, idx = parts.prep(next(batches))
-    tally.data_s += time.perf_counter() - td
+    x, y, idx = parts.task.prep(next(batches))
+    sums.data_s += time.perf_counter() - td
     if log_samples is not None:
         log_samples(state, idx)
     w = None
@@ -107,43 +106,43 @@ def micro_batch(parts: TrainParts, state: RunState, batches: Iterator[Any], sele
             set_progress(state.progress())
         with autocast(cfg.amp, d.device):  # the scoring pass gets AMP's speed too
             sb = selector(parts.model, x, y, idx)
-        tally.select_s += time.perf_counter() - ts
+        sums.select_s += time.perf_counter() - ts
         x, y, w = sb.images, sb.labels, sb.weights
         for k, v in raw_stats(sb.stats).items():  # averaged on the device, read with the record
             v = v.detach().to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
-            tally.sel_stats[k] = tally.sel_stats.get(k, 0.0) + v / cfg.accum_steps
+            sums.sel_stats[k] = sums.sel_stats.get(k, 0.0) + v / cfg.accum_steps
     sync = parts.ddp.no_sync() if parts.ddp is not None and not sync_grads else contextlib.nullcontext()
     with sync:
         with autocast(cfg.amp, d.device):
             out = parts.fwd(x)
-        per = F.cross_entropy(out.float(), y, reduction="none", label_smoothing=cfg.label_smoothing)
+        per = parts.task.per_sample(out, y, cfg.label_smoothing)
         loss = (per * w).mean() if w is not None else per.mean()
         loss = loss if len(per) else per.sum()  # an empty batch (loader.on_corrupt=skip): 0, not NaN
         parts.scaler.scale(loss / cfg.accum_steps).backward()
     if getattr(selector, "observe", None) is not None:
-        tally.trained.append((sb.indices, per.detach()))
+        sums.trained.append((sb.indices, per.detach()))
     lv = loss.detach().to(torch.float64)
     finite = torch.isfinite(lv)
-    tally.nonfinite = tally.nonfinite + (~finite).to(torch.float64)
-    tally.loss_sum = tally.loss_sum + torch.where(finite, lv, 0.0)
-    tally.n_samples += len(y)
+    sums.nonfinite = sums.nonfinite + (~finite).to(torch.float64)
+    sums.loss_sum = sums.loss_sum + torch.where(finite, lv, 0.0)
+    sums.n_samples += len(y)
 
 
-def agree(parts: TrainParts, tally: Tally) -> torch.Tensor:
+def reduce_over_ranks(parts: Components, sums: MicroBatchSums) -> torch.Tensor:
     """[mean loss, non-finite count, samples] over all ranks, on the device: one small
     all-reduce, so every rank takes the same decisions (skip, fail, observe) from the same
     numbers, and none of them waits to read them."""
     d = parts.d
-    samples = torch.full((), float(tally.n_samples), dtype=torch.float64, device=d.device)  # a fill, not a copy
-    stats = torch.stack([torch.as_tensor(tally.loss_sum / parts.cfg.accum_steps, device=d.device),
-                         torch.as_tensor(tally.nonfinite, device=d.device), samples])
+    samples = torch.full((), float(sums.n_samples), dtype=torch.float64, device=d.device)  # a fill, not a copy
+    stats = torch.stack([torch.as_tensor(sums.loss_sum / parts.cfg.accum_steps, device=d.device),
+                         torch.as_tensor(sums.nonfinite, device=d.device), samples])
     if d.on:
         dist.all_reduce(stats)
         stats[0] /= d.world
     return stats
 
 
-def _optimizer_step(parts: TrainParts, state: RunState) -> float | None:
+def _optimizer_step(parts: Components, state: RunState) -> float | None:
     """Clip, step through the scaler, zero the gradients, update the EMA; the scale stepped at."""
     cfg, scaler = parts.cfg, parts.scaler
     if cfg.clip_grad_norm:
@@ -160,25 +159,25 @@ def _optimizer_step(parts: TrainParts, state: RunState) -> float | None:
     return scale
 
 
-def _record(parts: TrainParts, state: RunState, stats: torch.Tensor, lr: float, step_s: float,
-            tally: Tally, scale: float | None, checked: bool) -> StepRecord:
+def _record(parts: Components, state: RunState, stats: torch.Tensor, lr: float, step_s: float,
+            sums: MicroBatchSums, scale: float | None, checked: bool) -> StepRecord:
     """The step's metrics record, unread: host numbers (keys in metrics.jsonl's order, with
     ``loss`` and ``samples_per_s`` filled in when read) and the device tensors."""
     d = parts.d
     sent = parts.hook.take_bytes() if d.on else 0
     busy = parts.hook.take_busy_s() if d.on else 0.0  # the hook's thread (compress + wire)
     host = {"step": state.step, "epoch": state.epoch, "loss": None, "lr": lr,
-            "samples_per_s": None, "step_s": step_s, "data_s": tally.data_s,
-            "data_wait_frac": None, "select_s": tally.select_s,
+            "samples_per_s": None, "step_s": step_s, "data_s": sums.data_s,
+            "data_wait_frac": None, "select_s": sums.select_s,
             "bytes_comm": sent, "bytes_uncompressed": parts.full_bytes if d.on else 0,
             "comm_busy_s": busy,
             "elapsed_s": state.elapsed}
     if scale is not None:
         host["grad_scale"], host["skipped_steps"] = scale, state.scaler_skips
-    return StepRecord(host, stats, tally.sel_stats, checked)
+    return StepRecord(host, stats, sums.sel_stats, checked)
 
 
-def _fp16_non_finite(parts: TrainParts, state: RunState, checkpoint: Path | None) -> None:
+def _fp16_non_finite(parts: Components, state: RunState, checkpoint: Path | None) -> None:
     """fp16: the scaler skips this step and lowers the scale; too many in a row fail the run."""
     state.skipped += 1
     if state.skipped <= parts.cfg.max_skipped_steps:

@@ -151,7 +151,7 @@ def test_a_dead_shard_worker_fails_the_stage_instead_of_hanging(tmp_path):
 
 TRAIN_SCRIPT = """
 import sys
-from sluice.stages.train.launch import launch, make_job
+from sluice.stages.run.launch import launch, make_job
 cfg = {"model_kwargs": {"width": 8}, "max_steps": 40, "batch_size": 32, "lr": 0.05, "progress": False,
        "torch_threads": 1, "checkpoint_every_steps": 5, "dist_timeout_s": 10}
 data = {"kind": "arrays", "path": sys.argv[2], "delay_s": float(sys.argv[3])}

@@ -3,7 +3,7 @@ written by ``formats.beton`` in a forked child beside the tar pool.
 
 ``formats.beton`` writes the bytes FFCV's own ``DatasetWriter`` would, without importing FFCV
 (~5 s of numba compilation in a fresh process) and without FFCV's worker processes (which it
-polls forever when one dies). The child dies with the shard stage (``procs.die_with_parent``),
+polls forever when one dies). The child dies with the shard stage (``process_rules.die_with_parent``),
 and the stage kills it on any error or Ctrl-C, so nothing is left writing after the stage has
 ended. A failure (a full disk, a sample that no longer decodes) reaches the stage through a
 pipe (no file: the disk may be full).
@@ -20,10 +20,10 @@ import numpy as np
 
 from sluice.errors import SampleError, ShardError
 from sluice.stages.data.config import ShardConfig
-from sluice.stages.data.encode import ShardJob
+from sluice.stages.data.encode import SampleEncoder
 from sluice.stages.data.formats import beton
 from sluice.stages.data.scan import PlannedSample
-from sluice.stages.procs import die_with_parent, fork_safe, forget_parent_threads
+from sluice.process_rules import die_with_parent, fork_safe, forget_parent_threads
 from sluice.storage import atomic
 
 FAILED = ".ffcv-failed"  # written by earlier versions; removed when an artifact is finished
@@ -36,11 +36,11 @@ def beton_name(first_index: int) -> str:
     return "data.beton" if first_index == 0 else f"data-{first_index:010d}.beton"
 
 
-def _samples(items: list[PlannedSample], job: ShardJob, first_index: int = 0):
+def _samples(items: list[PlannedSample], encoder: SampleEncoder, first_index: int = 0):
     """Each sample's (image, label, index, key bytes), decoded again from the source."""
     for n, (sp, i, key, label) in enumerate(items, first_index):
         try:
-            pixels, _ = job.prepare(job.source.load(sp, i))
+            pixels, _ = encoder.prepare(encoder.source.load(sp, i))
         except Exception as e:  # noqa: BLE001 - named and reported to the stage
             raise SampleError(f"sample {key} passed the scan but failed now: {e}") from None
         yield pixels, label, n, np.frombuffer(key.encode(), dtype=np.uint8)
@@ -61,14 +61,14 @@ def ffcv_field_kind(cfg: ShardConfig, shape: tuple[int, int, int] | None) -> str
     return "rgb_image" if rgb and (cfg.encoding == "jpg" or shape is None) else "ndarray"
 
 
-def _write_ffcv(path: Path, items: list[PlannedSample], job: ShardJob, shape, first_index: int = 0) -> None:
+def _write_ffcv(path: Path, items: list[PlannedSample], encoder: SampleEncoder, shape, first_index: int = 0) -> None:
     """One split's .beton (its records' ``index`` from ``first_index``), published atomically."""
-    fields = _ffcv_fields(job.config, shape)
+    fields = _ffcv_fields(encoder.config, shape)
     page = beton.page_size_for(int(np.prod(shape)) if shape else None, small=first_index > 0)
 
     with atomic.atomic_path(path) as tmp:
         with open(tmp, "w+b") as fp:
-            sums = beton.write_beton(fp, fields, _samples(items, job, first_index), len(items), page,
+            sums = beton.write_beton(fp, fields, _samples(items, encoder, first_index), len(items), page,
                                       checksum="image")
         # the checksums land just before the .beton, so a finished .beton always has them
         atomic.write_with(path.parent / SUMS, lambda t: t.write_bytes(_npy_bytes(sums)))
@@ -85,9 +85,9 @@ class FfcvWriter:
     """Writes every split's .beton in a forked child: beside the tar pool (``background``), or
     after it. ``finish`` waits for the child and raises its error; ``abort`` kills it."""
 
-    def __init__(self, work: Path, good: dict[str, list[PlannedSample]], job: ShardJob, shape,
+    def __init__(self, work: Path, good: dict[str, list[PlannedSample]], encoder: SampleEncoder, shape,
                  first_index: dict[str, int] | None = None):
-        self.work, self.good, self.job, self.cfg = work, good, job, job.config
+        self.work, self.good, self.encoder, self.cfg = work, good, encoder, encoder.config
         self.shape = shape
         self.first = first_index or {}  # per split: the split index of good[split][0] (a later version's part)
         self.proc: mp.Process | None = None
@@ -109,7 +109,7 @@ class FfcvWriter:
         try:
             for split in self.todo():
                 (self.work / split).mkdir(parents=True, exist_ok=True)
-                _write_ffcv(self.path(split), self.good[split], self.job, self.shape, self.first.get(split, 0))
+                _write_ffcv(self.path(split), self.good[split], self.encoder, self.shape, self.first.get(split, 0))
         except BaseException as e:  # noqa: BLE001 - reported to the parent through the pipe
             with contextlib.suppress(Exception):
                 conn.send(str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}")

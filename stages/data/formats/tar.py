@@ -17,7 +17,7 @@ from sluice.storage.fingerprint import sha256_file
 from sluice.storage.sums import crc32
 
 if TYPE_CHECKING:
-    from sluice.stages.data.encode import ShardJob
+    from sluice.stages.data.encode import SampleEncoder
 
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -124,10 +124,10 @@ class ShardWritten:
     sums: list[int] = field(default_factory=list)  # CRC-32 of each sample's image member (storage/sums.py)
 
 
-def write_tar_shard(job: "ShardJob", task: ShardTask) -> ShardWritten:
+def write_tar_shard(encoder: "SampleEncoder", task: ShardTask) -> ShardWritten:
     """Write one tar shard (and its DALI index) atomically; reuse it if a past run finished it."""
     tar_path, idx_path = Path(task.tar), Path(task.idx)
-    want_idx = "dali" in job.config.formats
+    want_idx = "dali" in encoder.config.formats
     where = dict(split=task.split, shard=task.shard, first_index=task.first_index,
                  count=len(task.items), tar=task.tar, idx=task.idx)
     if tar_path.exists() and (idx_path.exists() or not want_idx):
@@ -135,15 +135,15 @@ def write_tar_shard(job: "ShardJob", task: ShardTask) -> ShardWritten:
                             tar_bytes=tar_path.stat().st_size,
                             idx_sha=sha256_file(idx_path) if want_idx else None,
                             idx_bytes=idx_path.stat().st_size if want_idx else None,
-                            sums=image_member_sums(tar_path, job.config.encoding))
+                            sums=image_member_sums(tar_path, encoder.config.encoding))
     with atomic.atomic_path(tar_path) as tmp:
         with open(tmp, "wb", buffering=1 << 20) as f:
             w = TarShardWriter(f)
             sums = []
             for n, (sp, i, key, label) in enumerate(task.items):
-                s = job.source.load(sp, i)
-                pixels, _ = job.prepare(s)
-                members = job.members(s, pixels, label, task.first_index + n)
+                s = encoder.source.load(sp, i)
+                pixels, _ = encoder.prepare(s)
+                members = encoder.members(s, pixels, label, task.first_index + n)
                 sums.append(crc32(members[0][1]))  # the image member, as stored
                 w.add_sample(key, members)
             w.close()
@@ -162,11 +162,11 @@ def image_member_sums(path: Path, ext: str) -> list[int]:
         return [crc32(t.extractfile(m).read()) for m in t if m.isfile() and m.name.endswith("." + ext)]
 
 
-def mean_sample_bytes(job: "ShardJob", samples: list) -> float:
+def mean_sample_bytes(encoder: "SampleEncoder", samples: list) -> float:
     """Mean tar bytes per sample over ``samples`` (PlannedSample), to size shards by bytes."""
     sizes = []
     for sp, i, key, label in samples:
-        s = job.source.load(sp, i)
-        pixels, _ = job.prepare(s)
-        sizes.append(sum(len(b) + TAR_OVERHEAD for _, b in job.members(s, pixels, label, 0)))
+        s = encoder.source.load(sp, i)
+        pixels, _ = encoder.prepare(s)
+        sizes.append(sum(len(b) + TAR_OVERHEAD for _, b in encoder.members(s, pixels, label, 0)))
     return float(sum(sizes) / len(sizes))

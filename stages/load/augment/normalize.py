@@ -6,7 +6,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from sluice.stages.compute import channel_values
+from sluice.stages.pixels import channel_values
 from sluice.stages.load.augment.base import AUGMENT_OPS, AugmentOp, DaliContext, TorchContext
 
 

@@ -7,9 +7,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sluice.errors import LoaderError
 from sluice.stages.load.augment.fast_cpu import OpenCvPrefix, applies as opencv_prefix_applies
 from sluice.stages.load.augment.base import AugmentOp, Params, TorchContext
 from sluice.stages.load.augment.spec import AugmentSpec, draw_params
+from sluice.stages.pixels import channels_last
 
 
 class TorchAugment:
@@ -28,12 +30,24 @@ class TorchAugment:
     def reseed(self, seed: int) -> None:
         self.gen.manual_seed(seed)
 
-    def __call__(self, images: torch.Tensor, resolution: int | None = None) -> torch.Tensor:
-        """uint8 NHWC (any device) -> float32 NCHW on the same device."""
+    def __call__(self, images: torch.Tensor, resolution: int | None = None,
+                 sizes: np.ndarray | torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 NHWC (any device) -> float32 NCHW on the same device. ``sizes`` (N, 2): the
+        images are a zero-padded canvas (``canvas.Canvas``) of images of these sizes; the draws
+        are made for those sizes, and a random resized crop must come first to make them one."""
         ops = list(self.spec.ops)
         n, h, w = images.shape[:3]
-        params = draw_params(ops, n, np.full(n, h), np.full(n, w), resolution, self.gen)
-        ctx = TorchContext(resolution=resolution)
+        if sizes is not None:
+            sizes = np.asarray(sizes.cpu() if isinstance(sizes, torch.Tensor) else sizes, np.int64).reshape(-1, 2)
+            if (sizes == (h, w)).all():
+                sizes = None  # one size after all: the fixed-size path, unchanged
+        if sizes is None:
+            hs, ws = np.full(n, h), np.full(n, w)
+        else:
+            check_variable_sizes(ops, resolution)
+            hs, ws = sizes[:, 0], sizes[:, 1]
+        params = draw_params(ops, n, hs, ws, resolution, self.gen)
+        ctx = TorchContext(resolution=resolution, sizes=None if sizes is None else torch.from_numpy(sizes))
         if self.fast is not None and opencv_prefix_applies(images, ops):
             done = self.fast(images, ops, params, self.spec.channels_last)
             if done is not None:
@@ -60,5 +74,16 @@ class TorchAugment:
         if not ctx.scaled:
             x = x / 255.0
         if self.spec.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+            x = channels_last(x)
         return x
+
+
+def check_variable_sizes(ops: list[AugmentOp], resolution: int | None) -> None:
+    """Images of different sizes in one batch need a leading random resized crop with an output
+    size (its own or the epoch's resolution) to become one batch (as on the dali backend)."""
+    if not ops or ops[0].op != "random_resized_crop":
+        raise LoaderError("images of different sizes in one batch: the augmentation must start with a "
+                          "random_resized_crop (it makes them one size)")
+    if not (resolution or getattr(ops[0], "size", None)):
+        raise LoaderError("images of different sizes in one batch: give the random_resized_crop a size "
+                          "(or the loader a resolution)")

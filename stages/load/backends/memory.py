@@ -1,29 +1,25 @@
 """``memory``: the whole split decoded once into a uint8 array; a batch is one fancy index.
 
-On a CUDA device the split stays on the GPU where it fits the device's budget
-(``budget.device_placement``): a batch is then a gather there, and nothing crosses PCIe but the
-indices. Otherwise it stays in host RAM, pinned once where that fits, and each batch is gathered
-straight into pinned memory, so its uint8 pixels cross PCIe without a second copy."""
+The decoded split is a ``HeldSplit`` (``stages/load/backends/held_split.py``): on a CUDA device it stays on
+the GPU where it fits the device's budget, else in (pinned) host RAM."""
 from __future__ import annotations
 
-import contextlib
 import time
 import zlib
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from sluice.errors import CorruptSample, LoaderError
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
-                                              decoded_sample_bytes, with_index)
-from sluice.stages.load.budget import device_free_bytes, device_placement, memory_budget
+                                              decoded_sample_bytes)
+from sluice.stages.load.budget import memory_budget
 from sluice.stages.load.decode import pixels
+from sluice.stages.load.backends.held_split import HeldSplit
 from sluice.stages.load.integrity import Damage, Guard, mismatch
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.storage.artifact import DatasetArtifact
-
-Gather = Callable[[np.ndarray, int, int, bool], RawBatch]
 
 
 @LOADER_BACKENDS.register("memory")
@@ -68,48 +64,14 @@ class MemoryBackend(Backend):
         self.guard.found(damage)  # fail: before the first batch; skip: counted against the threshold
         self.damaged = np.zeros(n, bool)
         self.damaged[[d.index for d in damage]] = True
-        self.device = with_index(device)
-        # Where the split lives: a numpy array (CPU device, as always), a tensor on the GPU
-        # (``resident``), or a host tensor gathered into pinned batches (``staged``).
-        self.images: np.ndarray | torch.Tensor = images
-        self.resident = self.staged = False
-        self.held_labels: torch.Tensor | None = None  # the labels beside a resident split
-        self.placement = ""  # where the split lives and why, for the loader's reason and profile
-        if self.device.type == "cuda":
-            self._place(images, max_bytes, device_budget_bytes)
-
-    def _place(self, images: np.ndarray, max_bytes: int | None, device_budget_bytes: int | None) -> None:
-        """On the GPU where it fits the device budget; else in host RAM, pinned where a pinned
-        copy fits the host budget (it is made beside the decoded array, then replaces it)."""
-        dev, need = self.device, images.nbytes + self.labels.nbytes
-        with torch.cuda.device(dev):
-            free = device_free_bytes(dev) if device_budget_bytes is None else None
-            p = device_placement(need, free, device_budget_bytes)
-            if p.on_device:
-                t = time.perf_counter()
-                self.images = torch.from_numpy(images).to(dev)
-                self.held_labels = torch.tensor(self.labels, dtype=torch.int64, device=dev)
-                torch.cuda.current_stream(dev).synchronize()
-                self.timings.add("upload", time.perf_counter() - t)
-                self.resident = True
-                self.placement = f"split held on {dev}: {p.explain()}"
-                return
-            self.staged = True
-            room = max_bytes - images.nbytes if max_bytes is not None else memory_budget().bytes
-            host = torch.from_numpy(images)
-            if images.nbytes > room:
-                self.images, how = host, "in host RAM, not pinned (a pinned copy is over the host budget)"
-            else:
-                try:
-                    self.images, how = host.pin_memory(), "in pinned host RAM"
-                except RuntimeError as e:  # the driver may refuse to lock that much
-                    self.images, how = host, f"in host RAM, not pinned ({e})"
-            self.placement = f"split held {how}, batches gathered into pinned memory for {dev}: {p.explain()}"
+        self.held = HeldSplit(images, self.labels, device, max_bytes=max_bytes,
+                              device_budget_bytes=device_budget_bytes, timings=self.timings)
+        self.device, self.placement = self.held.device, self.held.placement
 
     def epoch(self, order: np.ndarray, batch_size: int, drop_last: bool, start_batch: int = 0, *,
               resolution: int | None = None, epoch: int = 0) -> Iterator[RawBatch]:
         any_damaged = bool(self.damaged.any())
-        gather = self._gather(order)
+        gather = self.held.gather(order)
         for lo, hi in batch_slices(len(order), batch_size, drop_last, start_batch):
             t = time.perf_counter()
             idx = order[lo:hi]
@@ -123,33 +85,6 @@ class MemoryBackend(Backend):
             out = gather(idx, lo, hi, whole)
             self.timings.add("gather", time.perf_counter() - t)
             yield out
-
-    def _gather(self, order: np.ndarray) -> Gather:
-        """How one batch ``idx`` (``order[lo:hi]`` when ``whole``) is gathered, by where the split lives."""
-        if self.resident:
-            # The epoch's order crosses to the device once; a batch is a slice of it (or, where
-            # damaged samples were dropped, its own few indices) and one gather there.
-            images, labels = self.images, self.held_labels
-            on = torch.as_tensor(order, dtype=torch.int64).to(images.device)
-
-            def resident(idx: np.ndarray, lo: int, hi: int, whole: bool) -> RawBatch:
-                i = on[lo:hi] if whole else torch.as_tensor(idx, dtype=torch.int64).to(images.device)
-                return images[i], labels[i], i
-            return resident
-        if self.staged:
-            images, cuda = self.images, self.device.type == "cuda"
-
-            def staged(idx: np.ndarray, lo: int, hi: int, whole: bool) -> RawBatch:
-                # Straight into pinned memory: the copy to the device needs no pinned copy of
-                # its own, and PyTorch's pinned allocator reuses the block only after it is done.
-                i = torch.as_tensor(idx, dtype=torch.int64)
-                with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
-                    out = torch.empty((len(i), *images.shape[1:]), dtype=images.dtype, pin_memory=cuda)
-                torch.index_select(images, 0, i, out=out)
-                return out, self.labels[idx], idx
-            return staged
-        return lambda idx, lo, hi, whole: (self.images[idx], self.labels[idx], idx)
-
 
 def decode_split(artifact: DatasetArtifact, split: str, shape, workers: int,
                  timings: Timings | None = None, sums: np.ndarray | None = None,

@@ -6,7 +6,7 @@ argument when it starts a server and binds the wildcard address, both for the re
 store that any host on the network can write to is an open door into the job. ``TCPStore``
 does accept a socket that is already listening (``master_listen_fd``), so this module registers
 a rendezvous backend, ``sluice-loopback``, whose two stores listen on a socket bound to
-127.0.0.1, and runs torchrun with it (``python -m sluice.stages.train.rendezvous <torchrun
+127.0.0.1, and runs torchrun with it (``python -m sluice.stages.run.rendezvous <torchrun
 arguments>``). The launcher also sets ``GLOO_SOCKET_IFNAME=lo`` / ``NCCL_SOCKET_IFNAME=lo`` so
 the collectives' own sockets stay on loopback too.
 

@@ -1,5 +1,5 @@
 """What one rank trains with: the model (and its DDP and compiled wrappers), optimizer, GradScaler,
-EMA, gradient-communication hook and input preparation, built once per run.
+EMA, gradient-communication hook and its task (input preparation, the loss), built once per run.
 
 Built in one fixed order after seeding with ``cfg.seed``, so every rank starts from identical
 weights and a resumed run rebuilds the same objects its checkpoint is loaded into.
@@ -13,44 +13,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sluice.errors import TrainError
-from sluice.stages.compute import build_optimizer, channel_values, normalize_uint8
+from sluice.stages.optimizer import build_optimizer
+from sluice.stages.pixels import channels_last
 from sluice.stages.models import build_model
 from sluice.stages.train.comm import build_hook, uncompressed_bytes
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import DistContext
 from sluice.stages.train.ema import build_ema
-from sluice.stages.train.init import load_initial_weights
-
-
-class InputPrep:
-    """Moves a batch to the device and turns uint8 pixels into normalised float."""
-
-    def __init__(self, cfg: TrainConfig, device: torch.device):
-        c = cfg.in_channels
-        self.mean = channel_values(cfg.normalize_mean, c, device, "normalize_mean")
-        self.std = channel_values(cfg.normalize_std, c, device, "normalize_std")
-        self.device, self.channels_last, self.c = device, cfg.channels_last, c
-
-    def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        try:
-            images, labels, indices = batch
-        except (TypeError, ValueError):
-            raise TrainError("a loader batch must be (images, labels, indices)") from None
-        if images.ndim != 4 or images.shape[1] != self.c:
-            raise TrainError(f"images must be NCHW with {self.c} channels (train.in_channels), got "
-                             f"{tuple(images.shape)}")
-        nb = self.device.type == "cuda"
-        x = images.to(self.device, non_blocking=nb)
-        x = normalize_uint8(x, self.mean, self.std) if x.dtype == torch.uint8 else x.float()
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return (x, labels.to(self.device, torch.int64, non_blocking=nb),
-                indices.to(self.device, torch.int64, non_blocking=nb))
+from sluice.stages.train.initial_weights import load_initial_weights
+from sluice.stages.train.tasks import ImageTask, TokenTask, build_task
 
 
 @dataclasses.dataclass
-class TrainParts:
+class Components:
     """The run's trainable objects; ``fwd`` is what the step calls (DDP and/or compiled model)."""
     cfg: TrainConfig
     d: DistContext
@@ -61,17 +36,17 @@ class TrainParts:
     scaler: torch.amp.GradScaler
     ema: torch.optim.swa_utils.AveragedModel | None
     hook: Any  # comm.CommHook
-    prep: InputPrep
+    task: ImageTask | TokenTask  # what a batch becomes, and the loss per sample
     full_bytes: int  # one uncompressed gradient all-reduce
 
     @classmethod
-    def build(cls, cfg: TrainConfig, d: DistContext) -> "TrainParts":
+    def build(cls, cfg: TrainConfig, d: DistContext) -> "Components":
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = build_model(cfg.model, cfg.in_channels, cfg.num_classes, **cfg.model_kwargs).to(d.device)
         if cfg.init_from:  # every rank loads the same file: identical starting weights
             load_initial_weights(model, cfg.init_from, cfg.model_dump())
         if cfg.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            model = channels_last(model)
         hook = build_hook(cfg.comm, seed=cfg.seed)
         ddp = None
         fwd: torch.nn.Module = model
@@ -86,7 +61,7 @@ class TrainParts:
                               weight_decay=cfg.weight_decay)
         scaler = torch.amp.GradScaler(d.device.type, enabled=cfg.amp == "fp16")
         ema = build_ema(model, cfg.ema_decay) if cfg.ema_decay else None
-        return cls(cfg, d, model, ddp, fwd, opt, scaler, ema, hook, InputPrep(cfg, d.device),
+        return cls(cfg, d, model, ddp, fwd, opt, scaler, ema, hook, build_task(cfg, d.device),
                    uncompressed_bytes(model))
 
     def eval_model(self) -> torch.nn.Module:

@@ -24,9 +24,9 @@ from sluice.errors import ConfigError, StorageError
 from sluice.stages.select.infobatch_carry import CarriedTable, carry_table, checkpoint_table
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.loss_cache import losses_by_key
-from sluice.stages.train.init import architecture_of
+from sluice.stages.train.initial_weights import architecture_of
 from sluice.stages.train.job import TrainJob
-from sluice.stages.train.replay import REPLAY_POLICIES, ReplayContext
+from sluice.stages.run.replay import REPLAY_POLICIES, ReplayContext
 from sluice.storage.ancestry import changes_since
 from sluice.storage.artifact import open_artifact
 from sluice.storage.checkpoint import load_checkpoint

@@ -1,18 +1,13 @@
 """The forked worker pool of the stages that fan work out (shard pools, the scan's checks):
-``map_forked``. How and where processes may fork, and why, is ``sluice.procs`` (one module for
-every such rule, below ``storage`` too); its names are re-exported here for the stages that
-import them from this module."""
+``map_forked``. How and where processes may fork, and why, is ``sluice.process_rules`` (one module for
+every such rule, below ``storage`` too)."""
 from __future__ import annotations
 
 import contextlib
 import os
 from typing import Iterator
 
-from sluice.procs import (child_start, default_sigterm, describe_exit, die_with_parent,
-                          die_with_parent_preexec, fork_safe, forget_parent_threads)
-
-__all__ = ["WorkerDied", "map_forked", "child_start", "default_sigterm", "describe_exit",
-           "die_with_parent", "die_with_parent_preexec", "fork_safe", "forget_parent_threads"]
+from sluice.process_rules import child_start, describe_exit, fork_safe
 
 
 class WorkerDied(RuntimeError):
@@ -55,7 +50,7 @@ def map_forked(fn, context, tasks: list, workers: int) -> Iterator:
     Each worker has a pipe of its own, so a worker killed mid-answer leaves a pipe that reads as
     closed, never a half-message in a shared queue that blocks its reader forever (CPython's
     ProcessPoolExecutor can hang that way). A worker that dies raises ``WorkerDied``; workers die
-    with this process (``sluice.procs``, rule 3); on any exception (Ctrl-C included) or an abandoned
+    with this process (``sluice.process_rules``, rule 3); on any exception (Ctrl-C included) or an abandoned
     generator the workers are killed before it propagates.
     """
     import multiprocessing as mp

@@ -25,7 +25,7 @@ It sits below every layer (``storage`` uses rule 5), so any module may import it
    never reads; and it leaves by ``os._exit`` (gloo's and the loader's threads can abort a
    finished process in interpreter teardown, which torchrun reports as a failure).
 
-``describe_exit`` says how a child ended. ``sluice.stages.procs`` builds the forked worker pool
+``describe_exit`` says how a child ended. ``sluice.stages.worker_pool`` builds the forked worker pool
 (``map_forked``) on these rules.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def fork_safe() -> Iterator[None]:
     heap so that no child runs its parent's finalizers (rule 1)."""
     if in_helper_thread():
         raise RuntimeError(f"a fork from helper thread {threading.current_thread().name!r}: fork "
-                           "from the caller's thread (sluice.procs, rule 2)")
+                           "from the caller's thread (sluice.process_rules, rule 2)")
     gc.collect()
     gc.freeze()
     try:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sluice.stages.train.job import TrainJob
-from sluice.stages.train.launch import launch
-from sluice.stages.train.nodes import LaunchConfig, launch_nodes
-from sluice.stages.train.warm import WarmStartConfig, starting_point
+from sluice.stages.run.launch import launch
+from sluice.stages.run.nodes import LaunchConfig, launch_nodes
+from sluice.stages.run.warm import WarmStartConfig, starting_point
 
 Log = Callable[[str], None]
 

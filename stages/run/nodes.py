@@ -32,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError
 from sluice.stages.train.job import TrainJob
-from sluice.procs import die_with_parent_preexec, stop_group
-from sluice.stages.train.launch import collect_result, prepare_run
-from sluice.stages.train.loop import TrainResult
+from sluice.process_rules import die_with_parent_preexec, stop_group
+from sluice.stages.run.launch import collect_result, prepare_run
+from sluice.stages.train.rank import TrainResult
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 RDZV_ERRORS = ("RendezvousTimeoutError", "RendezvousConnectionError", "RendezvousClosedError")
@@ -104,7 +104,7 @@ def node_torchrun(job_path: Path, launch: LaunchConfig, index: int, nproc: int,
             "--rdzv-id", run_id, "--local-addr", nodes[index].address,
             "--rdzv-conf", f"is_host={1 if index == 0 else 0},join_timeout={t},read_timeout={t}",
             "--max-restarts", str(launch.max_restarts),
-            "-m", "sluice.stages.train.worker", "--job", str(job_path)]
+            "-m", "sluice.stages.train.rank", "--job", str(job_path)]
 
 
 def node_env(node: NodeSpec) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Start training from Python (what the flows call) and return rank 0's
-:class:`~sluice.stages.train.loop.TrainResult`: one rank trains in this process; several run
+:class:`~sluice.stages.train.rank.TrainResult`: one rank trains in this process; several run
 under ``torchrun``, whose logs are streamed.
 
 The job is a typed ``TrainJob`` (config, data specs, selection spec), validated here before
@@ -7,16 +7,18 @@ anything starts, so a bad field or an unknown model/method/hook fails in the cal
 
 Single node: torchrun's rendezvous on ``127.0.0.1:<free port>`` with every socket it and the
 workers open on loopback (``rendezvous.py``: torchrun's own c10d stores listen on every
-interface). Several nodes: every node calls ``launch`` with the same ``rdzv_endpoint`` (node 0's
-address) and ``nnodes``; node 0 hosts torchrun's c10d rendezvous, which listens on all of node
-0's interfaces (the README's security section lists every port; ``env`` can pin the collectives
-to one interface with ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``). A node that cannot reach the endpoint fails within
-``rdzv_timeout_s`` with an error naming the address. ``max_restarts`` lets torchrun restart all
+interface). Several nodes: every node calls ``launch`` with the same ``Rendezvous`` endpoint
+(node 0's address) and ``nnodes``; node 0 hosts torchrun's c10d rendezvous, which listens on all
+of node 0's interfaces (the README's security section lists every port; ``env`` can pin the
+collectives to one interface with ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``). A node that
+cannot reach the endpoint fails within the rendezvous's ``timeout_s`` with an error naming the
+address. ``max_restarts`` lets torchrun restart all
 workers after one dies (``kill -9``); they resume from the last checkpoint in ``out_dir``.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -34,13 +36,12 @@ from pydantic import ValidationError
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError, SluiceError, TrainError
 from sluice.stages.load.specs import DataSpec
-from sluice.procs import die_with_parent_preexec, stop_group
+from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
-from sluice.stages.train.loop import TrainResult
-from sluice.stages.train.rendezvous import BACKEND as LOOPBACK_BACKEND
-from sluice.stages.train.worker import FATAL, JOB, RESULT, run_rank
+from sluice.stages.run.rendezvous import BACKEND as LOOPBACK_BACKEND
+from sluice.stages.train.rank import FATAL, JOB, RESULT, TrainResult, run_rank
 from sluice.storage.atomic import write_json
 
 LOOPBACK = "127.0.0.1"
@@ -73,14 +74,14 @@ def torchrun_command(job: Path, nproc: int, endpoint: str, nnodes: int, max_rest
     """The torchrun command line for one node: on one machine, torchrun with every socket on
     loopback (``rendezvous.py``); across machines, torchrun's own c10d rendezvous."""
     local = nnodes == 1 and endpoint.rsplit(":", 1)[0] in (LOOPBACK, "localhost")
-    runner = "sluice.stages.train.rendezvous" if local else "torch.distributed.run"
+    runner = "sluice.stages.run.rendezvous" if local else "torch.distributed.run"
     cmd = [sys.executable, "-m", runner, "--nproc-per-node", str(nproc),
            "--nnodes", str(nnodes), "--rdzv-backend", LOOPBACK_BACKEND if local else "c10d",
            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
            "--rdzv-conf", f"join_timeout={int(rdzv_timeout_s)},read_timeout={int(rdzv_timeout_s)}"]
     if endpoint.rsplit(":", 1)[0] in (LOOPBACK, "localhost"):
         cmd += ["--local-addr", LOOPBACK]
-    return cmd + ["-m", "sluice.stages.train.worker", "--job", str(job)]
+    return cmd + ["-m", "sluice.stages.train.rank", "--job", str(job)]
 
 
 def _loopback_env(nnodes: int, endpoint: str) -> dict[str, str]:
@@ -107,39 +108,47 @@ def as_job(job: TrainJob | dict[str, Any]) -> TrainJob:
         raise ConfigError(f"invalid training job: {e}") from None
 
 
-def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *,
-           out_dir: str | os.PathLike | None = None, nnodes: int = 1, node_rank: int = 0,
-           rdzv_endpoint: str | None = None, rdzv_timeout_s: float = 60.0,
-           max_restarts: int = 0, timeout_s: float | None = None,
-           env: dict[str, str] | None = None,
-           on_line: Callable[[str], None] | None = None, isolate: bool = False) -> TrainResult:
+@dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of a several-node run meet: every node passes the same ``endpoint``
+    (node 0's ``host:port``, where torchrun's c10d store listens) and ``nnodes``, and its own
+    ``node_rank``; a node that cannot reach the endpoint fails within ``timeout_s``."""
+    endpoint: str
+    nnodes: int = 2
+    node_rank: int = 0
+    timeout_s: float = 60.0
+
+
+def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *, out_dir: str | os.PathLike | None = None,
+           max_restarts: int = 0, timeout_s: float | None = None, on_line: Callable[[str], None] | None = None,
+           isolate: bool = False, env: dict[str, str] | None = None,
+           rendezvous: Rendezvous | None = None) -> TrainResult:
     """Run ``job`` with ``nproc`` ranks on this node; return rank 0's result. One rank on one node
     trains in this process (no torchrun, no second ``import torch``) unless ``isolate``; several
-    run under torchrun.
+    run under torchrun, on this node alone (a loopback rendezvous) or with the other nodes of
+    ``rendezvous``.
 
     ``out_dir`` (default: a new temp directory) receives ``job.json``, ``checkpoints/``,
     ``metrics.jsonl``, ``result.json`` and, under torchrun, ``torchrun.log``; launching again on
     the same ``out_dir`` resumes from its checkpoint. ``env`` is for torchrun's workers.
     """
     job = as_job(job)
-    if nproc < 1 or nnodes < 1:
-        raise ConfigError(f"nproc and nnodes must be >= 1, got {nproc}, {nnodes}")
-    if nproc == 1 and nnodes == 1 and not isolate:
+    meet = rendezvous or Rendezvous(f"{LOOPBACK}:{free_port()}" if nproc > 1 or isolate else "", nnodes=1)
+    if nproc < 1 or meet.nnodes < 1:
+        raise ConfigError(f"nproc and nnodes must be >= 1, got {nproc}, {meet.nnodes}")
+    if nproc == 1 and meet.nnodes == 1 and not isolate:
         return run_in_process(job, out_dir, timeout_s=timeout_s, max_restarts=max_restarts, on_line=on_line)
-    if nnodes > 1 and not rdzv_endpoint:
-        raise ConfigError("several nodes need rdzv_endpoint='host:port' (node 0's address)")
-    endpoint = rdzv_endpoint or f"{LOOPBACK}:{free_port()}"
-    host, _, port = endpoint.rpartition(":")
+    host, _, port = meet.endpoint.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"rdzv_endpoint must be 'host:port', got {endpoint!r}")
-    if node_rank > 0:  # node 0 hosts the store; the others must reach it in bounded time
-        wait_reachable(host, int(port), rdzv_timeout_s)
+        raise ConfigError(f"the rendezvous endpoint must be 'host:port' (node 0's address), got {meet.endpoint!r}")
+    if meet.node_rank > 0:  # node 0 hosts the store; the others must reach it in bounded time
+        wait_reachable(host, int(port), meet.timeout_s)
     out, job_path = prepare_run(job, out_dir)
-    run_id = f"sluice-{uuid.uuid4().hex[:8]}" if nnodes == 1 else f"sluice-{port}"
-    cmd = torchrun_command(job_path, nproc, endpoint, nnodes, max_restarts, run_id, rdzv_timeout_s)
-    rc, tail = _run(cmd, out / "torchrun.log", timeout_s, {**_loopback_env(nnodes, endpoint), **(env or {})},
-                    on_line)
-    return collect_result(out, rc, tail, endpoint)
+    run_id = f"sluice-{uuid.uuid4().hex[:8]}" if meet.nnodes == 1 else f"sluice-{port}"
+    cmd = torchrun_command(job_path, nproc, meet.endpoint, meet.nnodes, max_restarts, run_id, meet.timeout_s)
+    rc, tail = _run(cmd, out / "torchrun.log", timeout_s,
+                    {**_loopback_env(meet.nnodes, meet.endpoint), **(env or {})}, on_line)
+    return collect_result(out, rc, tail, meet.endpoint)
 
 
 def run_in_process(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None = None, *,

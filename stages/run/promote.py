@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sluice.stages.train.grading import candidate_lineage, champion_lineage, grade
+from sluice.stages.run.grading import candidate_lineage, champion_lineage, grade
 from sluice.storage.lineage import split_key_hashes
 from sluice.storage.manifest import SPLITS
-from sluice.storage.registry import Registry
+from sluice.storage.registry import Candidate, Registry
 
 
 class PromotionConfig(BaseModel):
@@ -58,11 +58,11 @@ def evaluate_and_promote(promotion: PromotionConfig, registry_dir: str | os.Path
         regraded = grade(reg.checkpoint_path(champ), f"champion {champ.model_id}", hashes, champ_where,
                          data["root"], split, graded)
         now, champ_checked = regraded["acc"], regraded["unseen_checked"]
-    rec = reg.register(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
-                       metric=promotion.metric, value=cand["acc"],
-                       metrics={split: cand, reported: report, **trained["summary"]},
-                       config=config, run=run, trained_on=lineage,
-                       warm_start=warm if warm.get("parent_model") else None)
+    rec = reg.register(Candidate(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
+                                 metric=promotion.metric, value=cand["acc"],
+                                 metrics={split: cand, reported: report, **trained["summary"]},
+                                 config=config, run=run, trained_on=lineage,
+                                 warm_start=warm if warm.get("parent_model") else None))
     decision = reg.promote_if_better(rec, margin=promotion.margin, champion_value_now=now,
                                      graded_champion=champ.model_id if now is not None else None)
     unseen = {"candidate_trained_on": lineage[1], "candidate_trained_samples": int(lineage[2].size),

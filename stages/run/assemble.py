@@ -1,0 +1,48 @@
+"""The training job for one dataset version, assembled from the pipeline's stage configs: what
+the ranks train on (candidate batches), evaluate on (every sample of the report split once) and
+select with."""
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
+from sluice.stages.load.augment import Normalize
+from sluice.stages.load.specs import ArtifactData
+from sluice.stages.select import SELECTION_METHODS, SelectionConfig, candidate_size_for
+from sluice.stages.select.spec import SelectionSpec
+from sluice.stages.train.config import TrainConfig
+from sluice.stages.train.job import TrainJob
+
+# Evaluation reads every sample of the report split once, in order, at a batch size that keeps
+# its per-batch overhead small; it never augments beyond normalising.
+EVAL_BATCH = 500
+
+
+def assemble_job(train: TrainConfig, loader: LoaderConfig, augment: AugmentSpec, selection: SelectionConfig,
+                 eval_split: str, data: dict[str, Any], il_path: str | None) -> TrainJob:
+    """The job for one dataset version (``data``: ``ShardSummary.info()``): the train config, the
+    data specs (train: candidate batches; eval: every sample of ``eval_split`` once) and the
+    selection spec. With a method that picks a subset, each rank draws ``batch / ratio``
+    candidates and trains on ``batch`` of them; only full candidate batches, so every rank does
+    the same work. InfoBatch draws ``batch`` candidates and trains the ones it does not prune."""
+    norm = Normalize(mean=train.normalize_mean, std=train.normalize_std)
+    trained = train.batch_size  # samples a rank trains on per step
+    sel, candidates = selection, trained  # samples a rank's loader yields per step
+    if sel.method != "none":
+        candidates = candidate_size_for(sel, trained)
+        update = {"n_select": trained} if sel.picks_subset and sel.n_select is None else {}
+        sel = SELECTION_METHODS.get(sel.method).for_training_stage(sel.model_copy(update=update))
+    train_loader = loader.model_copy(update={
+        "split": "train", "batch_size": candidates, "drop_last": True,
+        "augment": AugmentSpec(ops=[*augment.ops, norm], channels_last=augment.channels_last or train.channels_last)})
+    eval_loader = loader.model_copy(update={
+        "split": eval_split, "batch_size": EVAL_BATCH, "drop_last": False, "augment": AugmentSpec(ops=[norm]),
+        "resolution": None, "sampler": SamplerConfig(kind="sequential")})
+    spec = None
+    if sel.method != "none":
+        spec = SelectionSpec(config=sel, candidate_size=candidates, split_size=data["counts"]["train"],
+                             fingerprint=data["fingerprint"], il_scores=il_path)
+    config = train.model_copy(update={"in_channels": data["channels"], "num_classes": data["num_classes"],
+                                      "progress": False})
+    return TrainJob(config=config, data=ArtifactData(root=data["root"], loader=train_loader),
+                    eval_data=ArtifactData(root=data["root"], loader=eval_loader), selection=spec)
