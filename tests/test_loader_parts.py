@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from sluice.procs import fork_safe, in_helper_thread
+from sluice.process_rules import fork_safe, in_helper_thread
 from sluice.stages.load import Loader
 from sluice.stages.load.backends.webdataset import WebDatasetBackend
 from sluice.stages.load.prefetch import prefetched
@@ -54,7 +54,7 @@ def test_prefetch_raises_the_threads_error_and_stops_when_abandoned():
 
 def test_work_that_forks_is_refused_in_the_prefetch_thread():
     """A backend that forks but did not say so (``forks_per_epoch``) fails at its fork, in the
-    caller, instead of risking a deadlocked child (``sluice.procs``, rule 2)."""
+    caller, instead of risking a deadlocked child (``sluice.process_rules``, rule 2)."""
     with pytest.raises(RuntimeError, match="helper thread 'sluice-loader'"):
         list(prefetched(_spy(3, [], fork=True), 2, False, Timings()))
 

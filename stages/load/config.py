@@ -38,6 +38,13 @@ class LoaderConfig(BaseModel):
                         description="where batches are made and augmented: auto = the rank's training device "
                         "when the trainer builds the loader (so decode-side work runs on the GPU a rank trains "
                         "on), else cpu; cpu; cuda (the current device); cuda:N")
+    decode: Literal["auto", "cpu", "device"] = Field(
+        "auto", description="where JPEG bytes become pixels: cpu = in the backend's CPU workers; device = "
+        "the workers only read and check the bytes and the batch is decoded in one call (nvJPEG through "
+        "torchvision, else DALI's mixed decoder, on a CUDA loader; OpenCV on a CPU loader), then cropped, "
+        "flipped and normalised where the batch is made; no device decoder on a CUDA loader says so once "
+        "and decodes on the CPU; auto = device when the loader's device is CUDA, the images are JPEG and a "
+        "device decoder is importable, else cpu")
     workers: int | None = Field(None, ge=0, description="decode workers; default: the machine's cores")
     prefetch: int = Field(3, ge=0, description="batches prepared ahead in a background thread")
     verify: Literal["none", "size", "full"] = Field("size", description="check files against the manifest first")

@@ -14,8 +14,8 @@ missing one raises ``MissingDependency`` naming the pip package.
 
 The loader is a pipeline of parts, one module each: order (``order``: sampler and cursor) →
 read → decode (the backend, ``backends/``; ``remote`` fetches a remote artifact's shards ahead)
-→ augment (``on_device``) → prefetch (``prefetch``); ``profile`` beside it says where the time
-went. Where processes may fork is ``sluice.procs``.
+→ decode, transfer, augment (``finish_batches``) → prefetch (``prefetch``); ``profile`` beside it says where the time
+went. Where processes may fork is ``sluice.process_rules``.
 """
 from __future__ import annotations
 
@@ -31,17 +31,18 @@ from sluice.stages.contracts import Batch, Sampler
 from sluice.stages.load.augment import TorchAugment
 from sluice.stages.load.backends import LOADER_BACKENDS, Backend, Timings
 from sluice.stages.load.choice import resolve_backend
+from sluice.stages.load.canvas import stored_channels
 from sluice.stages.load.config import LoaderConfig, loader_device
-from sluice.stages.load.on_device import OnStream, check_resolution, device_batches
+from sluice.stages.load.device_decode import choose_decode
+from sluice.stages.load.finish_batches import BatchFinisher, OnStream, check_resolution
 from sluice.stages.load.order import EpochOrder, check_state
 from sluice.stages.load.prefetch import prefetched
-from sluice.stages.load.profile import STAGE_KINDS, bottleneck, gather_profile, profile_report
+from sluice.stages.load.profile import bottleneck, gather_profile, profile_report
 from sluice.stages.load.remote import prefetch_shards
 from sluice.storage.artifact import DatasetArtifact, open_artifact
-from sluice.stages.host import usable_cores
+from sluice.stages.host import workers_or_cores
 
-# Importable from here as before: the backend choice and the profile's verdict.
-__all__ = ["Loader", "resolve_backend", "bottleneck", "STAGE_KINDS"]
+__all__ = ["Loader"]
 
 
 class Loader:
@@ -77,7 +78,10 @@ class Loader:
         check_resolution(cfg, self.artifact)
         self.rank, self.world_size = rank, world_size
         self.device = loader_device(cfg.device, device)
-        self.workers = cfg.workers if cfg.workers is not None else usable_cores()
+        self.workers = workers_or_cores(cfg.workers)
+        # Where JPEG bytes become pixels: the backend's workers, or one batched call here (decode: device)
+        self.decoding = choose_decode(cfg.decode, self.device, m.fields.image.encoding, max(1, self.workers))
+        self.image = m.fields.image.shape or (1, 1, stored_channels(self.artifact))
         # A version that removed samples keeps their indices: no order may hold them.
         live = self.artifact.live(cfg.split) if m.splits[cfg.split].removed else None
         self.order = EpochOrder(cfg, self.n, [sh.count for sh in m.splits[cfg.split].shards], live,
@@ -127,11 +131,15 @@ class Loader:
 
     def backend(self) -> Backend:
         """The backend, opened on first use in the caller's thread (it may fork workers, never
-        from a helper thread: ``sluice.procs``, rule 2)."""
+        from a helper thread: ``sluice.process_rules``, rule 2)."""
         if self._backend is None:
             cls = LOADER_BACKENDS.get(self.backend_name)
-            self._backend = cls.open(self.artifact, self.config.split, self.config, self.device,
-                                     self.workers)
+            config = self.config.model_copy(update={"decode": self.decoding.mode})  # auto resolved
+            self._backend = cls.open(self.artifact, self.config.split, config, self.device, self.workers)
+            if self.decoding.mode == "device":
+                hands = getattr(self._backend, "hands_encoded", False)
+                self.backend_reason += f"; {self.decoding.reason}" if hands else \
+                    f"; decode: device does not apply to the {self.backend_name} backend (it decodes itself)"
             placement = getattr(self._backend, "placement", "")
             if placement:  # where the backend keeps what it holds (the GPU or pinned RAM), and why
                 self.backend_reason = f"{self.backend_reason}; {placement}"
@@ -150,10 +158,11 @@ class Loader:
         t0 = self._iter_t0 = time.perf_counter()
         res = self.resolution(epoch)
 
+        finisher = BatchFinisher(self.device, self.augment, cfg.seed, cfg.batch_size, self.timings,
+                                 self.decoding.decoder, self.image)
+
         def batches() -> Iterator[Batch | OnStream]:
-            return device_batches(be, order, epoch, start, drop_last, batch_size=cfg.batch_size,
-                                  seed=cfg.seed, resolution=res, device=self.device,
-                                  augment=self.augment, timings=self.timings)
+            return finisher.batches(be, order, epoch, start, drop_last, res)
         produced = prefetched(batches, cfg.prefetch, be.forks_per_epoch, self.timings)
         try:
             for b, batch in enumerate(produced, start):

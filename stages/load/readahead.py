@@ -34,9 +34,12 @@ Checked = Callable[[np.ndarray], tuple[list[int], list[int]]]
 
 
 class Readahead:
-    def __init__(self, path: str, ranges: Ranges, timings: Timings, ahead: int = 4, checked: Checked | None = None):
+    def __init__(self, path: str, ranges: Ranges, timings: Timings, ahead: int = 4, checked: Checked | None = None,
+                 keep: bool = False, crc: bool = True):
+        """``keep``: the ``checked`` ranges' bytes are handed over too (``kept``), for a reader
+        that decodes them itself; ``crc=False`` then skips their checksums (an unchecked split)."""
         self.path, self.ranges, self.timings, self.ahead = path, ranges, timings, ahead
-        self.checked = checked
+        self.checked, self.keep, self.crc = checked, keep, crc
         self._cond = threading.Condition()
         self._next = 0  # the first batch the reader has not taken yet
         self._stop = False
@@ -68,6 +71,10 @@ class Readahead:
             if self._error is not None:
                 raise self._error
             return None
+
+    def kept(self, b: int) -> tuple[np.ndarray | None, list[bytes]]:
+        """``keep``: batch ``b``'s checksums (None without ``crc``) and each range's bytes."""
+        return self.crcs(b)
 
     def crcs(self, b: int) -> np.ndarray:
         """The CRC-32 of each checked range of batch ``b`` (waits for the thread to read it)."""
@@ -109,7 +116,15 @@ class Readahead:
                     if b < self._next:  # taken already (checked by the reader): too late to help
                         continue
                 t = time.perf_counter()
-                if self.checked is not None:
+                if self.keep:
+                    offs, sizes = self.checked(idx)
+                    datas = [bytes(view[o:o + n]) for o, n in zip(offs, sizes)] if view is not None else \
+                        [b""] * len(offs)
+                    got = np.fromiter(map(crc, datas), np.uint32, len(datas)) if self.crc else None
+                    with self._cond:
+                        self._crcs[b] = (got, datas)
+                        self._cond.notify_all()
+                elif self.checked is not None:
                     offs, sizes = self.checked(idx)
                     got = np.fromiter((crc(view[o:o + n]) for o, n in zip(offs, sizes)), np.uint32, len(offs)) \
                         if view is not None else np.full(len(offs), crc(b""), np.uint32)  # an empty file

@@ -38,6 +38,7 @@ class TorchContext:
     owned: bool = True      # x may be modified in place (it is not the caller's tensor)
     resized: bool = False   # an op produced the output size (no final resize)
     scaled: bool = False    # an op already mapped 0..255 to its final range (normalize)
+    sizes: torch.Tensor | None = None  # (N, 2): x is a zero-padded canvas of images of these sizes
 
 
 @dataclass

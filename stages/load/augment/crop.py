@@ -48,9 +48,15 @@ def rrc_boxes(n: int, h: int, w: int, scale, ratio, gen: torch.Generator) -> tor
 
 
 def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int],
-                flip: torch.Tensor | None = None) -> torch.Tensor:
+                flip: torch.Tensor | None = None, sizes: torch.Tensor | None = None) -> torch.Tensor:
     """Crop each image of NCHW ``x`` to its box and resize to ``out_hw``, in one grid_sample;
-    ``flip`` (bool per sample) mirrors those outputs for free by negating the x scale."""
+    ``flip`` (bool per sample) mirrors those outputs for free by negating the x scale.
+
+    ``sizes`` (N, 2): ``x`` is a zero-padded canvas and image k fills only its top-left
+    ``sizes[k]``; boxes are in each image's pixels. The affine map sends output pixel centres to
+    ``left + bw·(j + ½)/ow − ½`` whatever the canvas width, so only the border differs: the
+    sample points are clamped to each image's own last row and column, as ``padding_mode=
+    "border"`` clamps a lone image, and the padding is never read."""
     n, _, h, w = x.shape
     b = boxes.to(x.device, torch.float32)
     top, left, bh, bw = b.unbind(1)
@@ -62,6 +68,11 @@ def crop_resize(x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int],
     theta[:, 1, 1] = bh / h
     theta[:, 1, 2] = (2 * top + bh) / h - 1
     grid = F.affine_grid(theta, (n, x.shape[1], *out_hw), align_corners=False)
+    if sizes is not None:  # pixel p of a side of n is at (2p + 1)/n - 1: clamp to [0, size - 1]
+        s = sizes.to(x.device, torch.float32)
+        lo = torch.tensor([1 / w - 1, 1 / h - 1], device=x.device)
+        hi = torch.stack([(2 * s[:, 1] - 1) / w - 1, (2 * s[:, 0] - 1) / h - 1], 1).view(n, 1, 1, 2)
+        grid = torch.minimum(grid.clamp(min=lo), hi)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
@@ -97,8 +108,9 @@ class RandomResizedCrop(AugmentOp):
     def apply_torch(self, x, params, ctx: TorchContext, fused=None):
         out = params["out"][0]
         ctx.resized = ctx.owned = True
+        sizes, ctx.sizes = ctx.sizes, None  # every output is out×out
         return crop_resize(x, params["boxes"], (int(out[0]), int(out[1])),
-                           fused["mask"] if fused is not None else None)
+                           fused["mask"] if fused is not None else None, sizes)
 
     def dali_inputs(self, params, n):
         top, left, bh, bw = params["boxes"].numpy().T

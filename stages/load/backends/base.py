@@ -1,7 +1,9 @@
 """The loader-backend registry and what every backend provides.
 
 A backend turns an index order into batches, exactly in that order. Most yield raw uint8 NHWC
-batches, which the ``Loader`` then transfers and augments; a backend with ``augments = True``
+batches, which the ``Loader`` then transfers and augments (images of different sizes as a
+``Canvas``: zero-padded, with each one's size; with ``loader.decode: device``, JPEG bytes checked
+but not decoded, as ``Encoded``, which the loader decodes where the batch is made: ``canvas.py``); a backend with ``augments = True``
 (DALI) decodes, augments and places batches on the device itself, drawing its random
 parameters from the same ``augment.draws`` as the torch path.
 
@@ -19,13 +21,15 @@ import numpy as np
 import torch
 
 from sluice.plugins import PluginRegistry
+from sluice.stages.load.canvas import Canvas, Encoded
 from sluice.stages.load.timings import Timings
 from sluice.storage.artifact import DatasetArtifact
 
 if TYPE_CHECKING:  # the loader config imports this registry; no runtime cycle
     from sluice.stages.load.config import LoaderConfig
+    from sluice.stages.load.integrity import Guard
 
-RawBatch = tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]
+RawBatch = tuple[np.ndarray | torch.Tensor | Canvas | Encoded, np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]
 LOADER_BACKENDS: PluginRegistry[type["Backend"]] = PluginRegistry("loader_backends", "loader backend")
 
 
@@ -57,8 +61,8 @@ class Backend:
     name: ClassVar[str] = ""
     augments: ClassVar[bool] = False  # yields finished batches (augmented, on the device)
     # Forks worker processes during each epoch (DataLoader workers): the loader then drives it
-    # from the caller's thread, never its prefetch thread (sluice.procs, rule 2), and its fork
-    # goes through sluice.procs.fork_safe (which refuses a helper thread).
+    # from the caller's thread, never its prefetch thread (sluice.process_rules, rule 2), and its fork
+    # goes through sluice.process_rules.fork_safe (which refuses a helper thread).
     forks_per_epoch: bool = False
     reads_shards: ClassVar[bool] = False  # reads the tar shards by sample (remote: prefetch them)
     holds: ClassVar[str] = "the batches in flight"  # what working_bytes counts, said in auto's reason
@@ -66,6 +70,11 @@ class Backend:
     # host RAM); the loader appends it to its backend reason, so profile_report() shows it.
     placement: str = ""
     timings: Timings
+    guard: "Guard"  # the split's damage policy: the loader hands it samples it cannot decode
+
+    def sample_file(self, index: int) -> str:
+        """The artifact file holding sample ``index`` (what a damage report names)."""
+        return "?"
 
     @classmethod
     def open(cls, artifact: DatasetArtifact, split: str, config: "LoaderConfig",

@@ -32,6 +32,7 @@ from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend
 from sluice.stages.load.integrity import Guard
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.storage.artifact import DatasetArtifact
+from sluice.stages.pixels import channels_last
 
 _DTYPES = {"uint8": "UINT8", "int32": "INT32", "int64": "INT64", "float": "FLOAT"}
 
@@ -275,7 +276,7 @@ class DaliBackend(Backend):
                     x = torch.from_numpy(np.array(images.as_tensor()))
                     ind = torch.from_numpy(np.array(indices.as_tensor()).reshape(-1))
                 if spec_cl:
-                    x = x.contiguous(memory_format=torch.channels_last)
+                    x = channels_last(x)
                 lab = torch.from_numpy(self.labels[ind.numpy()])
                 t2 = time.perf_counter()
                 self.timings["read"] += source.read_s
@@ -306,7 +307,7 @@ class DaliBackend(Backend):
         h, w = (resolution, resolution) if final_resize else (int(hs[0]), int(ws[0]))
         x = torch.empty((0, self.channels, h, w), dtype=torch.float32, device=self.device)
         if self.spec.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+            x = channels_last(x)
         return x, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
 
     def close(self) -> None:

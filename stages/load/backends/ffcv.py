@@ -18,6 +18,8 @@ import torch
 from sluice.errors import ArtifactError, LoaderError, require
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
                                               decoded_sample_bytes)
+from sluice.stages.load.canvas import encoded, stack_or_canvas, stored_channels
+from sluice.stages.load.device_decode import decode_cpu, to_channels
 from sluice.stages.load.integrity import Damage, Guard, mismatch
 from sluice.stages.load.readahead import Readahead
 from sluice.storage.artifact import DatasetArtifact
@@ -41,7 +43,8 @@ class FfcvBackend(Backend):
 
     @classmethod
     def open(cls, artifact, split, config, device, workers) -> "FfcvBackend":
-        return cls(artifact, split, max(1, workers), config.batch_size, Guard.for_config(artifact, split, config))
+        return cls(artifact, split, max(1, workers), config.batch_size, Guard.for_config(artifact, split, config),
+                   decode=config.decode)
 
     @classmethod
     def working_bytes(cls, artifact, split, config) -> int | None:
@@ -54,7 +57,11 @@ class FfcvBackend(Backend):
             base + parts * (cls.batches_ahead + 2) * config.batch_size * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, batch_size: int,
-                 guard: Guard | None = None):
+                 guard: Guard | None = None, decode: str = "cpu"):
+        """``decode="device"`` (a JPEG field): FFCV reads the labels and indices only, the
+        readahead reads and checks each image's bytes and hands them over (``Encoded``) for the
+        loader to decode. Variable sizes, which FFCV's decoder cannot batch, are read that way
+        too and decoded here with OpenCV onto a ``Canvas``."""
         self.guard = guard if guard is not None else Guard(artifact, split)
         threads = torch.get_num_threads()
         require("ffcv", "ffcv", "ffcv", "the ffcv loader backend")
@@ -65,6 +72,12 @@ class FfcvBackend(Backend):
             raise LoaderError(f"split {split!r} has no FFCV file (formats={artifact.manifest.formats}); "
                               "re-shard with the ffcv format or pick another backend")
         self.ndarray = artifact.manifest.fields.image.ffcv_field == "ndarray"
+        jpeg = artifact.manifest.fields.image.encoding == "jpg"
+        self.hands_encoded = decode == "device" and jpeg and not self.ndarray
+        self.variable = artifact.manifest.fields.image.shape is None
+        self.as_bytes = self.hands_encoded or (self.variable and not self.ndarray)  # FFCV decodes no image
+        self.channels = stored_channels(artifact)
+        self._pool = None  # threads decoding variable-size images (OpenCV releases the GIL)
         self.workers, self.batch_size = workers, batch_size
         self.timings = Timings()
         self.labels = artifact.labels(split)  # what a batch carries: relabels take effect
@@ -75,6 +88,9 @@ class FfcvBackend(Backend):
         self._firsts = np.array([p.first for p in self.parts], np.int64)
         self.file = self.parts[0].name
         self._checking = 0.0  # seconds the streams spent getting image checksums (timed as ``check``)
+
+    def sample_file(self, index: int) -> str:
+        return self._file_of(index)
 
     def _file_of(self, index: int) -> str:
         if len(self.parts) == 1:
@@ -141,11 +157,39 @@ class FfcvBackend(Backend):
                     keep = ~np.isin(want, [d.index for d in damage])
                     x, idx = x[keep], idx[keep]
                 self.timings.add("check", time.perf_counter() - t)
+                if self.as_bytes:
+                    x, idx = self._images(x, idx)
                 yield x, self.labels[idx], idx
         finally:
             for s in streams:
                 if s is not None:
                     s.close()
+
+    def _images(self, x: np.ndarray, idx: np.ndarray):
+        """Rows read as bytes (an object array of uint8 arrays): ``Encoded`` for the loader to
+        decode, or decoded here (OpenCV; raw records reshaped) onto a ``Canvas``, the samples
+        that do not decode handed to the guard."""
+        if self.hands_encoded:
+            return encoded(list(x)), idx
+        t = time.perf_counter()
+
+        def one(data: np.ndarray, i: int) -> np.ndarray | Damage:
+            part = self.parts[0] if len(self.parts) == 1 else self.parts[int(np.searchsorted(self._firsts, i, "right")) - 1]
+            mode, h, w = (int(v[i - part.first]) for v in part.meta)
+            try:
+                return to_channels(decode_cpu(data, self.channels) if mode == 0 else data.reshape(h, w, 3),
+                                   self.channels)
+            except Exception as e:  # noqa: BLE001 - stored bytes that no longer decode are damage, named
+                return Damage(i, self._file_of(i), f"cannot decode its jpg bytes ({type(e).__name__}: {e})")
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sluice-decode")
+        out = list(self._pool.map(one, x, idx.tolist()))
+        keep = [k for k, r in enumerate(out) if not isinstance(r, Damage)]
+        imgs = [out[k] for k in keep]
+        self.guard.take([r for r in out if isinstance(r, Damage)])
+        self.timings.add("decode", time.perf_counter() - t)
+        return stack_or_canvas(imgs, (1, 1, self.channels)), idx[keep]
 
     def _assemble(self, streams: list["_Stream | None"], which: np.ndarray) -> Rows:
         """One batch from several parts: each part's next rows, put back at its positions."""
@@ -179,11 +223,11 @@ class _Part:
         self.path = str(artifact.local(rec))
         self.name = rec.path if rec.version is None else f"{rec.version}/{rec.path}"
         self.first, self.count = part.first_index, part.count
-        image = NDArrayDecoder() if backend.ndarray else SimpleRGBImageDecoder()
+        image = None if backend.as_bytes else NDArrayDecoder() if backend.ndarray else SimpleRGBImageDecoder()
         try:
             self.loader = Loader(self.path, batch_size=backend.batch_size, num_workers=backend.workers,
                                  order=OrderOption.SEQUENTIAL, drop_last=False, batches_ahead=backend.batches_ahead,
-                                 pipelines={"image": [image], "label": [IntDecoder()], "index": [IntDecoder()],
+                                 pipelines={"image": None if image is None else [image], "label": [IntDecoder()], "index": [IntDecoder()],
                                             "key": None})
         except Exception as e:  # noqa: BLE001 - a damaged header or table: named, not FFCV's internal error
             raise ArtifactError(f"{self.name} of {artifact.root}: FFCV cannot open it ({type(e).__name__}: "
@@ -202,6 +246,9 @@ class _Part:
         self.image = image_ranges(self.loader.reader, nbytes)
         self.checked = backend._sums is not None
         self.ndarray = backend.ndarray
+        self.as_bytes = backend.as_bytes  # FFCV reads no image: the readahead hands over its bytes
+        rgb = self.loader.reader.metadata[self.loader.reader.metadata.dtype.names[0]]
+        self.meta = (rgb["mode"], rgb["height"], rgb["width"]) if self.as_bytes else None
 
     def spans(self, ids: np.ndarray) -> tuple[list[int], list[int]]:
         """Sample ids -> (offsets, sizes) of their stored images."""
@@ -211,7 +258,7 @@ class _Part:
     def ranges(self, ids: np.ndarray) -> list[tuple[int, int]]:
         """What the readahead reads beyond the checked ranges: the images themselves when
         unchecked, else nothing."""
-        return [] if self.checked else list(zip(*self.spans(ids)))
+        return [] if self.checked or self.as_bytes else list(zip(*self.spans(ids)))
 
 
 class _Stream:
@@ -224,7 +271,9 @@ class _Stream:
         self.part, self.backend = part, backend
         bs = backend.batch_size
         self.chunks = [ids[i:i + bs] for i in range(0, len(ids), bs)]
-        self.ahead = Readahead(part.path, part.ranges, backend.timings, checked=part.spans if part.checked else None)
+        self.ahead = Readahead(part.path, part.ranges, backend.timings,
+                               checked=part.spans if part.checked or part.as_bytes else None,
+                               keep=part.as_bytes, crc=part.checked)
         self.ahead.start(self.chunks)
         self.it = None
         try:
@@ -238,14 +287,22 @@ class _Stream:
 
     def _pull(self) -> Rows:
         try:
-            x, y, idx = next(self.it)
+            out = next(self.it)
         except StopIteration:
             raise LoaderError(f"FFCV's reader of {self.part.name} ended before the samples asked of it") from None
+        b = self.pulled
+        x, (y, idx) = (None, out) if self.part.as_bytes else (out[0], out[1:])
+        t = time.perf_counter()
+        if self.part.as_bytes:  # the images' bytes, as the readahead read (and checked) them
+            crc, datas = self.ahead.kept(b)
+            x = np.empty(len(datas), object)
+            for k, d in enumerate(datas):
+                x[k] = np.frombuffer(d, np.uint8)
         # FFCV reuses its output buffers a few batches later: copy out.
         rows = (np.array(x), np.array(y).reshape(-1).astype(np.int64), np.array(idx).reshape(-1).astype(np.int64))
-        b = self.pulled
-        t = time.perf_counter()
-        if self.part.checked:
+        if self.part.as_bytes:
+            found = self.part.image[2][self.chunks[b]] if self.part.checked else None
+        elif self.part.checked:
             crc = self.ahead.poll(b) if self.part.ndarray else self.ahead.crcs(b)
             if crc is None:  # the readahead is behind: an ndarray's decoded pixels are its stored bytes
                 crc = row_sums(rows[0])

@@ -14,19 +14,21 @@ from pydantic import Field
 
 from sluice.errors import ArtifactError, SluiceError, require
 from sluice.plugins import EntryParams
-from sluice.procs import fork_safe
+from sluice.process_rules import fork_safe
 from sluice.stages.load.backends.base import (LOADER_BACKENDS, Backend, RawBatch, Timings, batch_slices,
                                               decoded_sample_bytes)
+from sluice.stages.load.canvas import encoded, stack_or_canvas, stored_channels
 from sluice.stages.load.decode import opencv, pixels_batch
+from sluice.stages.load.device_decode import to_channels
 from sluice.stages.load.integrity import Damage, Guard, mismatch
 from sluice.stages.load.sample_index import SampleIndex
 from sluice.storage.artifact import DatasetArtifact
-from sluice.stages.host import usable_cores
+from sluice.stages.host import workers_or_cores
 
 
 class _IndexedTarDataset(torch.utils.data.Dataset):
-    def __init__(self, si: SampleIndex, labels: np.ndarray):
-        self.si, self.labels = si, labels
+    def __init__(self, si: SampleIndex, labels: np.ndarray, encoded: bool = False, channels: int = 3):
+        self.si, self.labels, self.encoded, self.channels = si, labels, encoded, channels
 
     def __len__(self) -> int:
         return self.si.count
@@ -34,9 +36,17 @@ class _IndexedTarDataset(torch.utils.data.Dataset):
     def __getitem__(self, batch: np.ndarray):  # a whole batch per call: one IPC round trip
         self.si.timings = Timings()  # this batch's read and decode seconds travel with it
         # each sample's bytes are checked as read; the damaged ones go back named
+        if self.encoded:  # decode: device: read and check only; the loader decodes the batch
+            datas, damage = self.si.read_batch(batch)
+            good = [k for k, d in enumerate(datas) if d is not None]
+            batch = np.asarray(batch).reshape(-1)[good]
+            x = encoded([datas[k] for k in good])
+            return x, self.labels[batch], batch, dict(self.si.timings), damage
         imgs, keep, damage = pixels_batch(self.si, batch)
         batch = np.asarray(keep, dtype=np.asarray(batch).dtype)
-        x = np.stack(imgs) if imgs else np.empty((0, *(self.si.shape or (0, 0, 0))), np.uint8)
+        if self.si.shape is None:  # variable sizes: one channel count, on a canvas
+            imgs = [to_channels(im, self.channels) for im in imgs]
+        x = stack_or_canvas(imgs, self.si.shape or (1, 1, self.channels))
         return x, self.labels[batch], batch, dict(self.si.timings), damage
 
 
@@ -61,23 +71,27 @@ class WebDatasetBackend(Backend):
     def open(cls, artifact, split, config, device, workers) -> "WebDatasetBackend":
         p = WebDatasetParams.model_validate(config.params_for("webdataset"))
         return cls(artifact, split, workers, p.streaming, p.shuffle_buffer, config.seed,
-                   Guard.for_config(artifact, split, config))
+                   Guard.for_config(artifact, split, config), decode=config.decode)
 
     @classmethod
     def working_bytes(cls, artifact, split, config) -> int | None:
         """The batches the DataLoader workers keep ready, plus the one being augmented and the
         caller's (a backend that forks its workers runs without the loader's prefetch thread)."""
         sample = decoded_sample_bytes(artifact)
-        workers = config.workers if config.workers is not None else usable_cores()
+        workers = workers_or_cores(config.workers)
         return None if sample is None else (workers * cls.batches_per_worker + 2) * config.batch_size * sample
 
     def __init__(self, artifact: DatasetArtifact, split: str, workers: int, streaming: bool = False,
-                 shuffle_buffer: int = 1000, seed: int = 0, guard: Guard | None = None):
+                 shuffle_buffer: int = 1000, seed: int = 0, guard: Guard | None = None, decode: str = "cpu"):
+        """``decode="device"``: the workers only read and check each batch's JPEG bytes and hand
+        them over (``Encoded``) for the loader to decode; the streaming mode decodes itself."""
         self.artifact, self.split, self.workers = artifact, split, workers
+        self.channels = stored_channels(artifact)
         self.guard = guard if guard is not None else Guard(artifact, split)
         self.labels = artifact.labels(split)
         self.streaming, self.shuffle_buffer, self.seed = streaming, shuffle_buffer, seed
         self.si = None if streaming else SampleIndex(artifact, split, sums=self.guard.column("tar"))
+        self.hands_encoded = decode == "device" and self.si is not None and self.si.encoding in ("jpg", "jpeg")
         if self.si is not None and self.si.encoding in ("jpg", "jpeg"):
             opencv()  # imported once here, not in every epoch's freshly forked workers
         self.timings = Timings()
@@ -90,7 +104,8 @@ class WebDatasetBackend(Backend):
             return
         spans = batch_slices(len(order), batch_size, drop_last, start_batch)
         batches = [order[lo:hi] for lo, hi in spans]
-        dl = torch.utils.data.DataLoader(_IndexedTarDataset(self.si, self.labels), batch_size=None,
+        ds = _IndexedTarDataset(self.si, self.labels, self.hands_encoded, self.channels)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None,
                                          sampler=batches, num_workers=self.workers,
                                          prefetch_factor=self.batches_per_worker if self.workers else None,
                                          persistent_workers=False)
@@ -102,6 +117,9 @@ class WebDatasetBackend(Backend):
             self.guard.take(damage)  # fail: raised here, before this batch is yielded
             yield imgs, labels, idx
 
+    def sample_file(self, index: int) -> str:
+        return "?" if self.si is None else self.si.tars[int(self.si.shard_of[index])].path
+
     def _stream(self, order: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[RawBatch]:
         """Plain WebDataset: as many samples as this rank's share, in stream order."""
         wds = require("webdataset", "webdataset", "webdataset", "the webdataset streaming mode")
@@ -111,6 +129,7 @@ class WebDatasetBackend(Backend):
         named = {u: sh.tar.path for u, sh in zip(urls, shards)}  # damage names the artifact's file
         ext = self.artifact.manifest.fields.image.encoding
         sums, count = self.guard.column("tar"), len(self.labels)
+        variable, channels = self.artifact.manifest.fields.image.shape is None, self.channels
 
         def decode(sample):
             data = sample[ext]
@@ -127,6 +146,8 @@ class WebDatasetBackend(Backend):
                 from PIL import Image
                 img = np.asarray(Image.open(io.BytesIO(data)))
                 img = img[:, :, None] if img.ndim == 2 else img
+                if variable:
+                    img = to_channels(img, channels)
             return img, int(self.labels[idx]), idx  # labels.npy, verified at open
 
         ds = (wds.WebDataset(urls, shardshuffle=len(urls), seed=self.seed, nodesplitter=None, empty_check=False)
@@ -162,7 +183,6 @@ class WebDatasetBackend(Backend):
         if buf and not drop_last:
             yield self._collate(buf)
 
-    @staticmethod
-    def _collate(buf):
-        return (np.stack([b[0] for b in buf]), np.array([b[1] for b in buf], np.int64),
+    def _collate(self, buf):
+        return (stack_or_canvas([b[0] for b in buf], (1, 1, self.channels)), np.array([b[1] for b in buf], np.int64),
                 np.array([b[2] for b in buf], np.int64))
