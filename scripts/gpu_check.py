@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """``make gpu-check``: prove Sluice's GPU path on a CUDA machine in one command, with no network.
 
-    python3 scripts/gpu_check.py [--dry-run] [--wheelhouse DIR] [--out DIR] [--full] [--keep-venv]
+    python3 scripts/gpu_check.py [--dry-run] [--wheelhouse DIR] [--out DIR] [--full] [--keep-venv] [--loader]
 
 On a Linux machine with an NVIDIA GPU and a CUDA build of torch already installed, it:
 
@@ -22,6 +22,11 @@ On a Linux machine with an NVIDIA GPU and a CUDA build of torch already installe
    copy of ``tests/`` and ``benchmarks/`` (so the *installed* Sluice is what runs), and
 6. writes every log and result into one folder, ``gpu-check-results/<UTC time>/``, and prints
    what was skipped and why.
+
+With ``--loader`` (``GPU_CHECK_ARGS=--loader``) steps 4 and 5 are replaced by the ResNet-50 loader
+benchmark alone, ``python -m benchmarks.gpu_loader --quick`` (its ImageNet-like data written and
+sharded on this machine's cores), within 8 minutes (``LOADER_LIMIT_S``); ``gpu_loader.json`` and
+``loader.log`` go into the results folder.
 
 Every step has its own time limit (``STEP_LIMITS``) and the quick check stops starting steps
 after 9 minutes in all (``--budget``): a step that runs out of time is recorded as timed out and
@@ -71,12 +76,19 @@ IMAGE_PACKAGES = ["torch", "torchvision", "timm", "transformers", "tokenizers", 
                   "huggingface-hub", "numpy", "pillow", "opencv-python", "opencv-python-headless",
                   "matplotlib", "pyyaml", "fsspec", "tqdm", "packaging", "typing-extensions", "jinja2",
                   "requests", "regex", "pytest", "pytest-timeout"]
+# --loader (GPU_CHECK_ARGS=--loader): benchmarks.gpu_loader alone, in its quick mode, within 8 minutes
+# (LOADER_LIMIT_S) on one GPU and 16 cores: writing the 10,000 ImageNet-like JPEGs (~30 s) and
+# sharding them (~1 min), then 24 windows (4 arms x 2 sizes x 3 repeats, ~10 s each); the benchmark
+# starts no window after LOADER_BUDGET_S, so it ends inside the step's limit with every file written
+LOADER_LIMIT_S = 450
+LOADER_BUDGET_S = 390
 # Each step's time limit in seconds, on a GPU (quick check) and in the CPU dry run; --full: none
 # but --budget's. The quick check on one H100 fits in 9 minutes (BUDGET): the env ~1, the demo
 # 2-3, the second night 1-2, the tests and benchmark the rest.
-STEP_LIMITS = {"gpu": {"install": 180, "imports": 120, "demo": 240, "night": 180, "pytest": 180, "benchmark": 240},
+STEP_LIMITS = {"gpu": {"install": 180, "imports": 120, "demo": 240, "night": 180, "pytest": 180, "benchmark": 240,
+                       "loader": LOADER_LIMIT_S},
                "dry-run": {"install": 300, "imports": 120, "demo": 900, "night": 900, "pytest": 600,
-                           "benchmark": 900}}
+                           "benchmark": 900, "loader": 900}}
 BUDGET = {"gpu": 540, "dry-run": 3600}
 # The CPU dry run alone shortens the flows' training (two CPU cores would take the demo's full
 # budget many minutes); the GPU run sets nothing by hand: the front door as a user runs it.
@@ -417,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT"), help="default: gpu-check-results/<UTC time>")
     ap.add_argument("--full", action="store_true", help="the full benchmark instead of --quick")
     ap.add_argument("--keep-venv", action="store_true", help="keep the throwaway env (in the results folder)")
+    ap.add_argument("--loader", action="store_true",
+                    help="run only benchmarks.gpu_loader (quick, within 8 minutes; with --full: the full benchmark)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds after which no step starts (default: 540 on a GPU, 3600 in the dry run; "
                          "--full: none)")
@@ -490,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
 
         src = work / "src"  # tests and benchmarks beside no source tree: the installed wheel runs
         for d in ("tests", "benchmarks"):
-            shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "results"))
+            shutil.copytree(ROOT / d, src / d,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "results", ".cache"))
         (src / "benchmarks" / "results").mkdir()
         shutil.copy(ROOT / "pyproject.toml", src / "pyproject.toml")  # pytest's markers and timeout
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SLUICE_CACHE_DIR": str(work / "cache"),
@@ -499,93 +514,100 @@ def main(argv: list[str] | None = None) -> int:
                 and (wh / "data" / "fashion-mnist").is_dir():
             env["SLUICE_FASHION_MNIST"] = str(wh / "data" / "fashion-mnist")
 
-        # The front door: `sluice demo`, then a night on a grown source, as a user runs them. Prefect
-        # keeps its database and settings in the throwaway folder (no ~/.prefect read or left behind).
-        # Its Fashion-MNIST is a copy of the one the tests read (the wheelhouse's, where the image
-        # has none), named by SLUICE_FASHION_MNIST as there: the second night grows it in place.
-        fm_from = Path(env.get("SLUICE_FASHION_MNIST") or DEBIAN_FMNIST)
-        fm = work / "fashion-mnist"
-        fm.mkdir()
-        for f in fm_from.glob("*-ubyte*"):
-            shutil.copy(f, fm / f.name)
-        fenv = {**env, "PREFECT_HOME": str(work / "prefect"), "SLUICE_FASHION_MNIST": str(fm)}
-        sluice = venv / "bin" / "sluice"
-        cli = [sluice] if sluice.exists() else [vpy, "-m", "sluice.flows.cli"]
-        data_root = out / "sluice-data"
-        if not out_of_time("demo"):
-            cmd = [*cli, "demo", "--data-root", data_root, *[a for kv in sets["demo"] for a in ("--set", kv)]]
-            demo = front_door("demo", cmd, out, work, fenv, limit("demo"), vpy, data_root)
-            reg = demo.get("registry") or {}
-            demo["ok"] = (demo["rc"] == 0 and "accuracy" in demo and bool(reg.get("champion")))
-            steps["demo"] = demo
-            say(brief("demo", demo))
-        champion = ((steps.get("demo") or {}).get("registry") or {}).get("champion")
-        if champion and not out_of_time("night"):
-            t = time.time()
-            r = subprocess.run([vpy, "-c", GROW, str(fm), str(GROW_FRACTION)], capture_output=True, text=True,
-                               cwd=work, env=fenv, timeout=limit("night"))
-            grow = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"error": r.stderr[-2000:]}
-            with open(out / "night.log", "a") as f:
-                f.write(f"grow: {json.dumps(grow)} ({time.time() - t:.1f} s)\n")
-            if "error" in grow:
-                steps["night"] = {"ok": False, "grow": grow, "seconds": round(time.time() - t, 1)}
-                say(f"night: could not grow the source: {grow['error'][-300:]}")
-            else:
-                over = [a for kv in sets["night"] for a in ("--set", kv)]
-                # what a run with these settings resolves to on this host (`sluice run` prints no banner)
-                run([*cli, "config", "show", "--data-root", data_root, *over], out / "night.log", cwd=work,
-                    env=fenv, timeout=120)
-                night = front_door("night", [*cli, "run", "nightly", "--data-root", data_root, *over], out, work,
-                                   fenv, limit("night"), vpy, data_root)
-                night["run_seconds"] = night["seconds"]  # `sluice run nightly` alone
-                night["seconds"] = round(time.time() - t, 1)  # the source's growing and the config included
-                night["grow"] = grow
-                models = {m["model_id"]: m for m in (night.get("registry") or {}).get("models", [])}
-                night["warm_start"] = (models.get(night.get("model_id")) or {}).get("warm_start")
-                night["ok"] = (night["rc"] == 0 and "accuracy" in night
-                               and (night["warm_start"] or {}).get("parent_model") == champion)
-                if night["rc"] == 0 and not night["ok"]:
-                    night["why"] = f"expected a warm start from the demo's champion {champion}"
-                steps["night"] = night
-                say(brief("night", night))
-        elif not champion and "night" not in steps:
-            steps["night"] = {"ok": False, "why": "not run: the demo left no champion to start from"}
-        # the two dataset versions (~350 MB in three formats) would not come back from the GPU
-        # machine; the registry, runs and logs stay
-        shutil.rmtree(out / "sluice-data" / "datasets", ignore_errors=True)
+        if args.loader:  # the GPU loader benchmark alone (GPU_CHECK_ARGS=--loader)
+            steps["loader"] = loader_step(vpy, out, src, env, limit("loader"), args.full, summary)
+            summary["skipped"].append({"what": "the front door, pytest -m gpu, benchmarks.gpu",
+                                       "why": "--loader runs benchmarks.gpu_loader alone"})
+        else:
+            # The front door: `sluice demo`, then a night on a grown source, as a user runs them. Prefect
+            # keeps its database and settings in the throwaway folder (no ~/.prefect read or left behind).
+            # Its Fashion-MNIST is a copy of the one the tests read (the wheelhouse's, where the image
+            # has none), named by SLUICE_FASHION_MNIST as there: the second night grows it in place.
+            fm_from = Path(env.get("SLUICE_FASHION_MNIST") or DEBIAN_FMNIST)
+            fm = work / "fashion-mnist"
+            fm.mkdir()
+            for f in fm_from.glob("*-ubyte*"):
+                shutil.copy(f, fm / f.name)
+            fenv = {**env, "PREFECT_HOME": str(work / "prefect"), "SLUICE_FASHION_MNIST": str(fm)}
+            sluice = venv / "bin" / "sluice"
+            cli = [sluice] if sluice.exists() else [vpy, "-m", "sluice.flows.cli"]
+            data_root = out / "sluice-data"
+            if not out_of_time("demo"):
+                cmd = [*cli, "demo", "--data-root", data_root, *[a for kv in sets["demo"] for a in ("--set", kv)]]
+                demo = front_door("demo", cmd, out, work, fenv, limit("demo"), vpy, data_root)
+                reg = demo.get("registry") or {}
+                demo["ok"] = (demo["rc"] == 0 and "accuracy" in demo and bool(reg.get("champion")))
+                steps["demo"] = demo
+                say(brief("demo", demo))
+            champion = ((steps.get("demo") or {}).get("registry") or {}).get("champion")
+            if champion and not out_of_time("night"):
+                t = time.time()
+                r = subprocess.run([vpy, "-c", GROW, str(fm), str(GROW_FRACTION)], capture_output=True, text=True,
+                                   cwd=work, env=fenv, timeout=limit("night"))
+                grow = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {"error": r.stderr[-2000:]}
+                with open(out / "night.log", "a") as f:
+                    f.write(f"grow: {json.dumps(grow)} ({time.time() - t:.1f} s)\n")
+                if "error" in grow:
+                    steps["night"] = {"ok": False, "grow": grow, "seconds": round(time.time() - t, 1)}
+                    say(f"night: could not grow the source: {grow['error'][-300:]}")
+                else:
+                    over = [a for kv in sets["night"] for a in ("--set", kv)]
+                    # what a run with these settings resolves to on this host (`sluice run` prints no banner)
+                    run([*cli, "config", "show", "--data-root", data_root, *over], out / "night.log", cwd=work,
+                        env=fenv, timeout=120)
+                    night = front_door("night", [*cli, "run", "nightly", "--data-root", data_root, *over], out, work,
+                                       fenv, limit("night"), vpy, data_root)
+                    night["run_seconds"] = night["seconds"]  # `sluice run nightly` alone
+                    night["seconds"] = round(time.time() - t, 1)  # the source's growing and the config included
+                    night["grow"] = grow
+                    models = {m["model_id"]: m for m in (night.get("registry") or {}).get("models", [])}
+                    night["warm_start"] = (models.get(night.get("model_id")) or {}).get("warm_start")
+                    night["ok"] = (night["rc"] == 0 and "accuracy" in night
+                                   and (night["warm_start"] or {}).get("parent_model") == champion)
+                    if night["rc"] == 0 and not night["ok"]:
+                        night["why"] = f"expected a warm start from the demo's champion {champion}"
+                    steps["night"] = night
+                    say(brief("night", night))
+            elif not champion and "night" not in steps:
+                steps["night"] = {"ok": False, "why": "not run: the demo left no champion to start from"}
+            # the two dataset versions (~350 MB in three formats) would not come back from the GPU
+            # machine; the registry, runs and logs stay
+            shutil.rmtree(out / "sluice-data" / "datasets", ignore_errors=True)
 
-        if not out_of_time("pytest"):
-            t = time.time()
-            files = [f for f in GPU_TEST_FILES if (src / f).exists()]
-            say(f"pytest -m gpu {' '.join(files)}")
-            rc = run([vpy, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider",
-                      f"--junitxml={out / 'pytest.xml'}", *files], out / "pytest.log", cwd=src, env=env, echo=True,
-                     timeout=limit("pytest"))
-            counts, skipped = skipped_tests(out / "pytest.xml")
-            ran = counts.get("tests", 0) - counts.get("skipped", 0)
-            ok = rc == 0 and (ran > 0 if base["cuda"] else counts.get("failures", 0) + counts.get("errors", 0) == 0)
-            steps["pytest"] = {"ok": ok, "rc": rc, "timed_out": rc == 124, **counts,
-                               "seconds": round(time.time() - t, 1)}
-            summary["skipped"] += [{"what": s["test"], "why": s["reason"]} for s in skipped]
+            if not out_of_time("pytest"):
+                t = time.time()
+                files = [f for f in GPU_TEST_FILES if (src / f).exists()]
+                say(f"pytest -m gpu {' '.join(files)}")
+                rc = run([vpy, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider",
+                          f"--junitxml={out / 'pytest.xml'}", *files], out / "pytest.log", cwd=src, env=env, echo=True,
+                         timeout=limit("pytest"))
+                counts, skipped = skipped_tests(out / "pytest.xml")
+                ran = counts.get("tests", 0) - counts.get("skipped", 0)
+                ok = rc == 0 and (ran > 0 if base["cuda"] else counts.get("failures", 0) + counts.get("errors", 0) == 0)
+                steps["pytest"] = {"ok": ok, "rc": rc, "timed_out": rc == 124, **counts,
+                                   "seconds": round(time.time() - t, 1)}
+                summary["skipped"] += [{"what": s["test"], "why": s["reason"]} for s in skipped]
 
-        if not out_of_time("benchmark"):
-            t = time.time()
-            bench = [vpy, "-m", "benchmarks.gpu", "--out", str(out / "gpu.json"), *([] if args.full else ["--quick"])]
-            say("python -m " + " ".join(map(str, bench[2:])))
-            rc = run(bench, out / "bench.log", cwd=src, env=env, echo=True, timeout=limit("benchmark") or 3600)
-            res = json.loads((out / "gpu.json").read_text()) if (out / "gpu.json").exists() else {}
-            steps["benchmark"] = {"ok": rc == 0 and bool(res), "rc": rc, "timed_out": rc == 124,
-                                  "seconds": round(time.time() - t, 1)}
-            summary["skipped"] += [{"what": f"benchmark: {k}", "why": v} for k, v in res.get("skipped", {}).items()]
+            if not out_of_time("benchmark"):
+                t = time.time()
+                bench = [vpy, "-m", "benchmarks.gpu", "--out", str(out / "gpu.json"),
+                         *([] if args.full else ["--quick"])]
+                say("python -m " + " ".join(map(str, bench[2:])))
+                rc = run(bench, out / "bench.log", cwd=src, env=env, echo=True, timeout=limit("benchmark") or 3600)
+                res = json.loads((out / "gpu.json").read_text()) if (out / "gpu.json").exists() else {}
+                steps["benchmark"] = {"ok": rc == 0 and bool(res), "rc": rc, "timed_out": rc == 124,
+                                      "seconds": round(time.time() - t, 1)}
+                summary["skipped"] += [{"what": f"benchmark: {k}", "why": v} for k, v in res.get("skipped", {}).items()]
 
-        if args.full and not out_of_time("front_door"):  # the front door against the plain loop, 3 seeds
-            t = time.time()
-            bench = [vpy, "-m", "benchmarks.gpu_front_door", "--out", str(out / "gpu_front_door.json")]
-            say("python -m " + " ".join(map(str, bench[2:])))
-            rc = run(bench, out / "front_door.log", cwd=src, env={**env, "PREFECT_HOME": str(work / "prefect-bench")},
-                     echo=True, timeout=7200)  # the untouched Fashion-MNIST, not the grown copy
-            steps["front_door"] = {"ok": rc == 0 and (out / "gpu_front_door.json").exists(), "rc": rc,
-                                   "timed_out": rc == 124, "seconds": round(time.time() - t, 1)}
+            if args.full and not out_of_time("front_door"):  # the front door against the plain loop, 3 seeds
+                t = time.time()
+                bench = [vpy, "-m", "benchmarks.gpu_front_door", "--out", str(out / "gpu_front_door.json")]
+                say("python -m " + " ".join(map(str, bench[2:])))
+                rc = run(bench, out / "front_door.log", cwd=src,
+                         env={**env, "PREFECT_HOME": str(work / "prefect-bench")},
+                         echo=True, timeout=7200)  # the untouched Fashion-MNIST, not the grown copy
+                steps["front_door"] = {"ok": rc == 0 and (out / "gpu_front_door.json").exists(), "rc": rc,
+                                       "timed_out": rc == 124, "seconds": round(time.time() - t, 1)}
     finally:
         if not args.keep_venv:
             shutil.rmtree(work, ignore_errors=True)
@@ -607,9 +629,31 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{name}: {state}" + (f" ({s['seconds']:.0f} s)" if s.get("seconds") else "")
             + (f": {s['why']}" if s.get("why") and not s["ok"] else ""))
     if summary["ok"] and base["cuda"]:
-        say(f"passed; to publish the benchmark: cp {out / 'gpu.json'} benchmarks/results/gpu.json")
+        name = "gpu_loader.json" if args.loader else "gpu.json"
+        say(f"passed; to publish the benchmark: cp {out / name} benchmarks/results/{name}")
     say(f"{'passed' if summary['ok'] else 'FAILED'} in {summary['seconds']:.0f} s: everything is in {out}")
     return 0 if summary["ok"] else 1
+
+
+def loader_step(vpy: Path, out: Path, src: Path, env: dict, timeout: float | None, full: bool,
+                summary: dict) -> dict:
+    """``benchmarks.gpu_loader`` from the copy of ``benchmarks/`` (the installed Sluice runs), its
+    dataset written by every core into the throwaway folder; quick unless ``full``, with a time
+    budget inside the step's limit. Its results file is ``<out>/gpu_loader.json``."""
+    t = time.time()
+    res_file = out / "gpu_loader.json"
+    cmd = [vpy, "-m", "benchmarks.gpu_loader", "--out", str(res_file)]
+    if not full:
+        cmd += ["--quick", "--time-budget", str(LOADER_BUDGET_S if timeout is None else
+                                                 max(30, min(LOADER_BUDGET_S, timeout - 60)))]
+    say("python -m " + " ".join(map(str, cmd[2:])))
+    rc = run(cmd, out / "loader.log", cwd=src, env=env, echo=True, timeout=timeout or 7200)
+    res = json.loads(res_file.read_text()) if res_file.exists() else {}
+    ran = [a for s in res.get("sizes", {}).values() for a, v in s.get("arms", {}).items()
+           if any("images_per_s" in r for r in v.get("runs", []))]
+    summary["skipped"] += [{"what": f"loader benchmark: {k}", "why": v} for k, v in res.get("skipped", {}).items()]
+    return {"ok": rc == 0 and bool(ran), "rc": rc, "timed_out": rc == 124, "arms_measured": len(ran),
+            "seconds": round(time.time() - t, 1)}
 
 
 def _commit() -> str:

@@ -81,7 +81,7 @@ def test_the_gpu_tests_import_no_prefect():
     code = ("import sys; sys.path[:0] = ['tests', '.'];"
             "import test_gpu_paths, test_train, benchmarks.gpu, benchmarks.gpu_tta, benchmarks.time_to_accuracy;"
             "from sluice.flows.pipeline import PipelineConfig, training_job;"
-            "import sluice.stages.train.launch, sluice.storage.registry, sluice.stages.train.evaluate;"
+            "import sluice.stages.run.launch, sluice.storage.registry, sluice.stages.train.evaluate;"
             "assert 'prefect' not in sys.modules, 'prefect imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -193,3 +193,34 @@ def test_a_cpu_dry_run_is_never_written_as_gpu_results(tmp_path):
     with pytest.raises(SystemExit, match="refusing"):
         write(dict(res), str(RESULTS / "gpu.json"), cuda=False, quick=True)
     assert write(dict(res), str(tmp_path / "gpu.json"), cuda=False, quick=True).exists()
+
+
+def test_the_loader_check_runs_the_loader_benchmark_alone_within_its_limit(tmp_path, monkeypatch):
+    """GPU_CHECK_ARGS=--loader: benchmarks.gpu_loader --quick from the copy of benchmarks/, with a
+    time budget that ends it inside the step's limit (8 minutes, data included); its skipped arms
+    go into the summary."""
+    gc = _gpu_check()
+    assert gc.LOADER_LIMIT_S <= 480 and gc.LOADER_BUDGET_S <= gc.LOADER_LIMIT_S - 60
+    assert gc.STEP_LIMITS["gpu"]["loader"] == gc.LOADER_LIMIT_S <= gc.BUDGET["gpu"]
+    src = tmp_path / "src"
+    (src / "benchmarks").mkdir(parents=True)
+    (src / "benchmarks" / "__init__.py").write_text("")
+    (src / "benchmarks" / "gpu_loader.py").write_text(
+        "import json, sys\n"
+        "a = sys.argv[1:]\n"
+        "out = a[a.index('--out') + 1]\n"
+        "json.dump({'argv': a, 'skipped': {'sluice-ffcv-cpu': 'ffcv is not installed'},\n"
+        "           'sizes': {'224': {'arms': {'synthetic': {'runs': [{'images_per_s': 1.0}]}}}}}, open(out, 'w'))\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    summary = {"skipped": []}
+    monkeypatch.setattr(gc, "say", lambda msg: None)
+    step = gc.loader_step(Path(sys.executable), out, src, dict(os.environ), 400, False, summary)
+    assert step["ok"] and step["rc"] == 0 and step["arms_measured"] == 1
+    argv = json.loads((out / "gpu_loader.json").read_text())["argv"]
+    assert "--quick" in argv and float(argv[argv.index("--time-budget") + 1]) <= 340
+    assert summary["skipped"] == [{"what": "loader benchmark: sluice-ffcv-cpu", "why": "ffcv is not installed"}]
+    assert "benchmarks.gpu_loader" in (out / "loader.log").read_text()
+    full = gc.loader_step(Path(sys.executable), out, src, dict(os.environ), None, True, {"skipped": []})
+    argv = json.loads((out / "gpu_loader.json").read_text())["argv"]
+    assert full["ok"] and "--quick" not in argv and "--time-budget" not in argv
