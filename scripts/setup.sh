@@ -8,8 +8,9 @@ PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 # iproute2: ip/tc for the simulated cluster; chromium + chromium-driver: the test that reads the
-# nightly report in a real browser
-APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist iproute2 chromium chromium-driver"
+# nightly report in a real browser; dict-gcide, fortunes(-min), python3.11-doc: the text corpus of the token
+# artifact demo (stages/data/text/debian.py)
+APT_PACKAGES="pkg-config libturbojpeg0-dev libopencv-dev dataset-fashion-mnist iproute2 chromium chromium-driver dict-gcide fortunes fortunes-min python3.11-doc"
 STAMP="$VENV/.sluice-setup-stamp"
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }

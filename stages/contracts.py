@@ -24,6 +24,38 @@ class Batch(NamedTuple):
     indices: torch.Tensor
 
 
+@dataclasses.dataclass
+class TokenInputs:
+    """A batch of packed token rows as a model takes them: ``input_ids`` (B, L) int64,
+    ``segment_ids`` (B, L) (the document's number within its row, -1 for padding: attention stays
+    within a document) and ``position_ids`` (B, L) (each token's position within its document).
+    Rows index and move together, so a selector treats it as it treats a batch of images."""
+    input_ids: torch.Tensor
+    segment_ids: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.input_ids.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def _each(self, fn: Any) -> "TokenInputs":
+        return TokenInputs(*(fn(t) if t is not None else None
+                             for t in (self.input_ids, self.segment_ids, self.position_ids)))
+
+    def __getitem__(self, rows: Any) -> "TokenInputs":
+        return self._each(lambda t: t[rows])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "TokenInputs":
+        return self._each(lambda t: t.to(device, non_blocking=non_blocking))
+
+
 class SelectionStats(MutableMapping):
     """A selector's statistics, whose values may be (0-dim) device tensors.
 

@@ -4,7 +4,8 @@ launched) and again where it is read; it names data, never code.
 
 * ``artifact``: a dataset artifact and a ``LoaderConfig`` (the ``Loader``); the config's
   ``batch_size`` is the per-rank batch;
-* ``arrays``: an ``.npz`` or ``fashion-mnist:<split>`` held in memory (the ``ArrayLoader``).
+* ``arrays``: an ``.npz`` or ``fashion-mnist:<split>`` held in memory (the ``ArrayLoader``);
+* ``tokens``: token artifacts, one or a weighted mixture, packed into rows (the ``TokenLoader``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load.arrays import ArrayLoader, named_arrays
 from sluice.stages.load.config import LoaderConfig
 from sluice.stages.load.loader import Loader
+from sluice.stages.load.tokens import TokenLoader, TokenLoaderConfig
 
 
 class ArtifactData(BaseModel):
@@ -53,7 +55,19 @@ class ArraysData(BaseModel):
         return ArrayLoader(images, labels, self.batch_size or batch_size or 128,
                            shuffle=train if self.shuffle is None else self.shuffle, seed=seed,
                            rank=rank, world_size=world_size, drop_last=train, even=train,
-                           delay_s=self.delay_s)
+                           delay_s=self.delay_s, device=device if device is not None else "cpu")
 
 
-DataSpec = Annotated[Union[ArtifactData, ArraysData], Field(discriminator="kind")]
+class TokensData(BaseModel):
+    """Packed token rows from one token artifact or a weighted mixture of them (``TokenLoader``);
+    ``loader.batch_size`` is the per-rank number of rows."""
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["tokens"] = "tokens"
+    loader: TokenLoaderConfig
+
+    def build(self, *, rank: int, world_size: int, seed: int, train: bool,
+              batch_size: int | None = None, device: torch.device | None = None) -> ResumableLoader:
+        return TokenLoader(None, self.loader, rank=rank, world_size=world_size)
+
+
+DataSpec = Annotated[Union[ArtifactData, ArraysData, TokensData], Field(discriminator="kind")]

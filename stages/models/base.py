@@ -1,7 +1,9 @@
 """The model registry, and building blocks the built-in models share.
 
 A model entry is a factory ``(in_channels=, num_classes=, **kwargs) -> nn.Module`` taking
-images NCHW (normalised float) and returning logits. Built-ins: one file each, registered with
+images NCHW (normalised float) and returning logits; a class with ``task = "language_model"``
+(``gpt``) takes token rows instead (``contracts.TokenInputs``; ``num_classes`` is the vocabulary)
+and returns next-token logits (``stages/train/tasks.py``). Built-ins: one file each, registered with
 ``@MODELS.register(name)``; users add theirs the same way, or through an entry point in group
 ``sluice.models`` (see ``sluice.plugins``), and name them in ``train.model``.
 """

@@ -1,0 +1,472 @@
+"""Packed token sequences from one or several token sources (a weighted mixture), with a
+sequence-length curriculum and a position that resumes exactly at any world size.
+
+The stream. Epoch e orders documents by the mixture (``mixture.MixturePlan``: which documents of
+which source, interleaved, a pure function of (seed, epoch, counts)) and concatenates them, each
+followed by the end-of-text token: a virtual stream of T tokens, never materialised (a table of
+document starts is). A row of length L starting at stream position p holds inputs
+``stream[p : p+L]`` and targets ``stream[p+1 : p+L+1]``; rows advance by L, so every token of the
+epoch is an input once and a target once (the first only an input, the last only a target).
+
+The position is a token position. A global step at position P takes ``G = batch_size × world``
+rows of the step's length L (``seq_len``, or the curriculum's length for this step) starting at
+``P, P+L, ...``; rank r takes rows r, r+W, r+2W, ... (the image loader's strided rule,
+``epochs``). The step advances P by G × L. The epoch ends at ``T - 1`` (the last input); the
+last step takes the rest, its rows split as evenly as strides allow and filled up to the same
+count on every rank with padding rows (targets all ``ignore_index``); its last real row may be
+short, padded the same way. Nothing is dropped and nothing repeats.
+
+So the state is (epoch, token position, the counts the epoch was built from, the curriculum's
+progress): resuming at another world size, per-rank batch or sequence length continues from the
+same token, and the tokens covered over the epoch are exactly those of the uninterrupted run.
+
+The curriculum (DeepSpeed's sequence-length warm-up, ``seqlen`` ``fixed_linear``/``fixed_root``):
+L rises from ``start`` to ``end`` over ``warmup_tokens`` (tokens trained, the same at any world
+size) or ``warmup_steps`` (global steps this loader handed out), rounded down to a multiple of
+``step``. Early rows are re-packed shorter rather than truncated, so no token is wasted.
+
+Batches (``TokenBatch``): ``input_ids`` and ``targets`` int64 (B, L); ``segment_ids`` int32
+(B, L), the document's number within the row (0, 1, ...; -1 for padding): attend only where
+equal; ``position_ids`` int64 (B, L), the token's position within its document's part of the row;
+``sources`` int16 (B, L), the mixture source of each token (-1 for padding: per-source losses);
+``sample_ids`` int64 (B,), the row's start in the epoch's stream (-1 for a padding row): with
+(epoch, L) it names the row's tokens exactly. Unpacked, a batch is ``(input_ids, targets,
+sample_ids)``: the loop's ``(inputs, labels, indices)``. ``cu_seqlens()`` gives flash-attention's
+varlen boundaries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterator, Literal, Protocol, Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sluice.errors import LoaderError
+from sluice.stages.load.mixture import MixtureConfig, MixturePlan
+from sluice.stages.load.prefetch import prefetched
+from sluice.stages.load.timings import Timings
+from sluice.storage.tokens import open_token_split
+
+
+class TokenSource(Protocol):
+    """What the loader reads from a token split (``storage.tokens.TokenSplit``, or arrays)."""
+    tokens: np.ndarray  # 1-D token ids (uint16/uint32), often an np.memmap
+    offsets: np.ndarray  # int64, n_docs + 1: document i is tokens[offsets[i]:offsets[i+1]]
+    eot: int
+    vocab_size: int
+
+
+@dataclasses.dataclass
+class ArrayTokens:
+    """An in-memory token source (tests, notebooks): documents as one array and their offsets."""
+    tokens: np.ndarray
+    offsets: np.ndarray
+    eot: int
+    vocab_size: int
+
+    @classmethod
+    def from_documents(cls, docs: Sequence[Sequence[int]], eot: int, vocab_size: int,
+                       dtype: Any = np.uint16) -> "ArrayTokens":
+        lens = np.array([len(d) for d in docs], dtype=np.int64)
+        toks = np.concatenate([np.asarray(d, dtype=dtype) for d in docs]) if len(docs) else np.empty(0, dtype)
+        return cls(toks, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), eot, vocab_size)
+
+
+class SeqLenSchedule(BaseModel):
+    """Sequence-length warm-up: ``start`` → ``end`` over ``warmup_tokens`` or ``warmup_steps``,
+    rounded down to a multiple of ``step`` (never below ``start``)."""
+    model_config = ConfigDict(extra="forbid")
+    start: int = Field(64, ge=1)
+    end: int = Field(1024, ge=1)
+    warmup_tokens: int | None = Field(None, ge=1)
+    warmup_steps: int | None = Field(None, ge=1)
+    step: int = Field(8, ge=1)
+    kind: Literal["linear", "root"] = "linear"
+
+    @model_validator(mode="after")
+    def _check(self) -> "SeqLenSchedule":
+        if (self.warmup_tokens is None) == (self.warmup_steps is None):
+            raise ValueError("seq_len_schedule needs exactly one of warmup_tokens, warmup_steps")
+        if self.end < self.start:
+            raise ValueError(f"seq_len_schedule end ({self.end}) must be >= start ({self.start})")
+        return self
+
+    def at(self, step: int, tokens: int) -> int:
+        """The length of the global step ``step`` beginning after ``tokens`` trained tokens."""
+        t = step / self.warmup_steps if self.warmup_steps else tokens / self.warmup_tokens
+        t = min(max(t, 0.0), 1.0)
+        if self.kind == "root":
+            t = math.sqrt(t)
+        L = self.start + (self.end - self.start) * t
+        return int(min(self.end, max(self.start, L // self.step * self.step)))
+
+    def done(self, step: int, tokens: int) -> bool:
+        return (step >= self.warmup_steps) if self.warmup_steps else tokens >= self.warmup_tokens
+
+
+class TokenLoaderConfig(BaseModel):
+    """Everything that shapes what the token loader yields."""
+    model_config = ConfigDict(extra="forbid")
+    split: str = "train"
+    seq_len: int = Field(1024, ge=1, description="row length without a curriculum")
+    batch_size: int = Field(8, ge=1, description="rows per rank per step")
+    seq_len_schedule: SeqLenSchedule | None = None
+    mixture: MixtureConfig | None = Field(None, description="default: every document of every source once")
+    seed: int = 0
+    ignore_cross_document: bool = Field(False, description="targets that cross a document boundary "
+                                        "(the end-of-text token's) become ignore_index")
+    ignore_index: int = -100
+    prefetch: int = Field(2, ge=0, description="batches made ahead in a helper thread; 0: none")
+
+
+@dataclasses.dataclass
+class TokenBatch:
+    """One rank's rows of a step (see the module docstring for each field)."""
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    segment_ids: torch.Tensor
+    position_ids: torch.Tensor
+    sources: torch.Tensor
+    sample_ids: torch.Tensor
+    source_tokens: np.ndarray  # input tokens per mixture source (metrics)
+    seq_len: int
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.input_ids, self.targets, self.sample_ids))
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """int32 boundaries of the documents (and padding runs) over the flattened (B × L)
+        inputs, for varlen attention (flash-attention's ``cu_seqlens``)."""
+        seg = self.segment_ids
+        B, L = seg.shape
+        change = torch.ones_like(seg, dtype=torch.bool)
+        change[:, 1:] = seg[:, 1:] != seg[:, :-1]
+        starts = torch.nonzero(change.reshape(-1)).reshape(-1)
+        return torch.cat([starts, starts.new_tensor([B * L])]).to(torch.int32)
+
+
+def source_losses(per_token: torch.Tensor, sources: torch.Tensor, n_sources: int,
+                  valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed loss and token count per mixture source, on the loss's device (no sync): divide
+    the two (after an all-reduce) for per-source mean losses. ``valid``: tokens that count
+    (default: every non-padding token)."""
+    keep = sources >= 0 if valid is None else valid & (sources >= 0)
+    idx = sources.clamp_min(0).reshape(-1).long()
+    w = keep.reshape(-1).to(per_token.dtype)
+    sums = torch.zeros(n_sources, dtype=per_token.dtype, device=per_token.device)
+    counts = torch.zeros(n_sources, dtype=per_token.dtype, device=per_token.device)
+    sums.index_add_(0, idx, per_token.reshape(-1) * w)
+    counts.index_add_(0, idx, w)
+    return sums, counts
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochStream:
+    """An epoch's packed stream as a table of documents in order (never the tokens)."""
+    epoch: int
+    src: np.ndarray  # source of each document in order
+    doc: np.ndarray  # index within its source
+    file_start: np.ndarray  # where its tokens start in its source's array
+    lens: np.ndarray  # tokens in the stream: its own + the end-of-text
+    cum: np.ndarray  # stream start of each document, and T at the end
+
+    @property
+    def total(self) -> int:
+        return int(self.cum[-1])
+
+    @property
+    def end(self) -> int:
+        """Input positions of the epoch: every token but the last (which is only a target)."""
+        return max(self.total - 1, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One global step: where it begins, its row length, and this rank's row starts (-1: padding)."""
+    epoch: int
+    position: int
+    seq_len: int
+    advance: int
+    starts: np.ndarray
+
+
+def build_stream(plan: MixturePlan, epoch: int, offsets: Sequence[np.ndarray]) -> EpochStream:
+    """The epoch's document table: the mixture's order, where each document lies, how long."""
+    src, doc = plan.order(epoch)
+    file_start = np.empty(len(src), np.int64)
+    lens = np.empty(len(src), np.int64)
+    for s, off in enumerate(offsets):
+        m = src == s
+        d = doc[m]
+        file_start[m] = off[d]
+        lens[m] = off[d + 1] - off[d] + 1
+    cum = np.zeros(len(src) + 1, np.int64)
+    np.cumsum(lens, out=cum[1:])
+    return EpochStream(epoch, src, doc, file_start, lens, cum)
+
+
+def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[np.ndarray], eot: int,
+              ignore_cross: bool = False, ignore_index: int = -100) -> dict[str, np.ndarray]:
+    """Rows of ``L`` inputs (and targets) from the stream at ``starts`` (-1: a padding row),
+    vectorised over the documents each row touches: no Python per row or token."""
+    m, W = len(starts), L + 1
+    T = stream.total
+    s = np.where(starts >= 0, starts, T).astype(np.int64)
+    e = np.minimum(s + W, T)
+    cum = stream.cum
+    k0 = np.searchsorted(cum, s, "right") - 1
+    k1 = np.searchsorted(cum, np.maximum(e - 1, 0), "right") - 1
+    npieces = np.where(e > s, k1 - k0 + 1, 0)  # a piece: one document's part of one row
+    P = int(npieces.sum())
+    first = np.cumsum(npieces) - npieces
+    row = np.repeat(np.arange(m), npieces)
+    doc = np.repeat(k0 - first, npieces) + np.arange(P)
+    lo = np.maximum(cum[doc], s[row])
+    hi = np.minimum(cum[doc + 1], e[row])
+    plen = hi - lo
+    n = int(plen.sum())
+    pstart = np.cumsum(plen) - plen
+    rel = np.arange(n) - np.repeat(pstart, plen)  # offset within the piece
+    within = np.repeat(lo - cum[doc], plen) + rel  # offset within the document's stream slot
+    is_eot = within == np.repeat(stream.lens[doc] - 1, plen)
+    fidx = np.repeat(stream.file_start[doc], plen) + within
+    srcp = stream.src[doc]
+    tok_src = np.repeat(srcp, plen)
+    if len(tokens) == 1:
+        t0 = tokens[0]
+        np.minimum(fidx, max(len(t0) - 1, 0), out=fidx)  # an EOT slot may point past the end
+        vals = t0[fidx] if len(t0) else np.full(n, eot, np.int64)
+    else:
+        vals = np.empty(n, np.int64)
+        for k, tk in enumerate(tokens):
+            sel = tok_src == k
+            if sel.any():
+                vals[sel] = tk[np.minimum(fidx[sel], max(len(tk) - 1, 0))] if len(tk) else eot
+    vals[is_eot] = eot
+    seg_tok = np.repeat((doc - k0[row]).astype(np.int32), plen)
+    full = n == m * W
+    buf = np.empty((m, W), np.int64)
+    seg = np.empty((m, W), np.int32)
+    pos = np.empty((m, W), np.int64)
+    srcs = np.empty((m, W), np.int16)
+    if full:
+        buf.reshape(-1)[:] = vals
+        seg.reshape(-1)[:] = seg_tok
+        pos.reshape(-1)[:] = rel
+        srcs.reshape(-1)[:] = tok_src
+    else:  # short or padding rows: scatter what there is, pad the rest
+        slot = np.repeat(row * W + (lo - s[row]), plen) + rel
+        buf.fill(eot)
+        seg.fill(-1)
+        pos.fill(0)
+        srcs.fill(-1)
+        buf.reshape(-1)[slot] = vals
+        seg.reshape(-1)[slot] = seg_tok
+        pos.reshape(-1)[slot] = rel
+        srcs.reshape(-1)[slot] = tok_src
+    targets = buf[:, 1:].copy()
+    if ignore_cross:
+        targets[seg[:, 1:] != seg[:, :-1]] = ignore_index
+    if not full:
+        targets[seg[:, 1:] < 0] = ignore_index
+        # the stream's last token sits in an input slot but is only a target: padding as an input
+        last = np.arange(W)[None, :] >= (e - s - 1)[:, None]
+        seg[last], srcs[last], pos[last] = -1, -1, 0
+    # input tokens per source (pieces clipped to the row's first L slots and the epoch's inputs)
+    inp = np.clip(np.minimum(np.minimum(hi, s[row] + L), T - 1) - lo, 0, None)
+    per_src = np.bincount(srcp, weights=inp, minlength=len(tokens)).astype(np.int64)
+    return {"input_ids": buf[:, :L], "targets": targets, "segment_ids": seg[:, :L],
+            "position_ids": pos[:, :L], "sources": srcs[:, :L],
+            "sample_ids": np.where(starts >= 0, starts, -1).astype(np.int64), "source_tokens": per_src}
+
+
+def open_token_sources(config: TokenLoaderConfig) -> list[TokenSource]:
+    """Each mixture source's token split (``storage.tokens``), by its path."""
+    if config.mixture is None or any(s.path is None for s in config.mixture.sources):
+        raise LoaderError("the token loader needs sources: pass them, or give every mixture source a path")
+    return [open_token_split(s.path, config.split) for s in config.mixture.sources]
+
+
+class TokenLoader:
+    """Batches of packed token rows (``TokenBatch``) over a mixture of token sources, resumable
+    mid-epoch at any world size. ``sources`` (in the mixture's order) default to opening each
+    mixture source's ``path``; other keyword arguments override config fields."""
+
+    def __init__(self, sources: Sequence[TokenSource] | None = None,
+                 config: TokenLoaderConfig | dict | None = None, *, rank: int = 0, world_size: int = 1,
+                 **overrides: Any):
+        cfg = config if isinstance(config, TokenLoaderConfig) else TokenLoaderConfig.model_validate(config or {})
+        if overrides:
+            cfg = TokenLoaderConfig.model_validate({**dict(cfg), **overrides})
+        if not 0 <= rank < world_size:
+            raise LoaderError(f"rank {rank} is outside world size {world_size}")
+        srcs = list(sources) if sources is not None else open_token_sources(cfg)
+        if not srcs:
+            raise LoaderError("the token loader needs at least one source")
+        mix = cfg.mixture or MixtureConfig.once_each(len(srcs), cfg.seed)
+        if len(mix.sources) != len(srcs):
+            raise LoaderError(f"{len(srcs)} token sources for a mixture of {len(mix.sources)}")
+        if len({int(s.eot) for s in srcs}) != 1 or len({int(s.vocab_size) for s in srcs}) != 1:
+            raise LoaderError("mixture sources disagree on the end-of-text token or vocabulary size "
+                              f"({[(int(s.eot), int(s.vocab_size)) for s in srcs]}): another tokenizer")
+        self.config, self.rank, self.world_size = cfg, rank, world_size
+        self.eot = int(srcs[0].eot)
+        self.tokens = [np.asarray(s.tokens) for s in srcs]  # plain ndarray views of the memmaps
+        self.offsets = [np.asarray(s.offsets, dtype=np.int64) for s in srcs]
+        for k, off in enumerate(self.offsets):
+            if off.ndim != 1 or len(off) < 2 or off[0] != 0 or off[-1] != len(self.tokens[k]) \
+                    or (np.diff(off) < 0).any():
+                raise LoaderError(f"token source {mix.names[k]!r}: offsets must rise from 0 to its "
+                                  f"{len(self.tokens[k])} tokens")
+        self.plan = MixturePlan(mix, [len(o) - 1 for o in self.offsets])
+        self.epoch = 0
+        self.position = 0  # tokens of this epoch consumed (global)
+        self.step = 0  # global steps handed out since the run began
+        self.epoch_step = 0  # of them, in this epoch
+        self.tokens_before = 0  # tokens consumed in earlier epochs
+        self.source_tokens = np.zeros(len(srcs), np.int64)  # input tokens served per source (this rank)
+        self.timings = Timings()
+        self._stream: EpochStream | None = None
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def names(self) -> list[str]:
+        return self.plan.names
+
+    def stream(self, epoch: int | None = None) -> EpochStream:
+        """The epoch's document table (built once per epoch)."""
+        e = self.epoch if epoch is None else epoch
+        if self._stream is None or self._stream.epoch != e or len(self._stream.src) != self.plan.epoch_size(e):
+            self._stream = build_stream(self.plan, e, self.offsets)
+        return self._stream
+
+    def seq_len_at(self, step: int, tokens: int) -> int:
+        sch = self.config.seq_len_schedule
+        return sch.at(step, tokens) if sch else self.config.seq_len
+
+    def _steps(self, epoch: int, position: int, step: int) -> Iterator[Step]:
+        """The global steps from ``position`` to the epoch's end, this rank's rows of each."""
+        end, W, B = self.stream(epoch).end, self.world_size, self.config.batch_size
+        while position < end:
+            L = self.seq_len_at(step, self.tokens_before + position)
+            rest = end - position
+            rows = min(B * W, -(-rest // L))
+            per = -(-rows // W)
+            starts = position + np.arange(per * W, dtype=np.int64) * L
+            starts[rows:] = -1
+            adv = min(B * W * L, rest)
+            yield Step(epoch, position, L, adv, np.ascontiguousarray(starts[self.rank::W]))
+            position += adv
+            step += 1
+
+    def _steps_left(self) -> int:
+        end, G = self.stream().end, self.config.batch_size * self.world_size
+        pos, step, n = self.position, self.step, 0
+        sch = self.config.seq_len_schedule
+        while pos < end and sch is not None and not sch.done(step, self.tokens_before + pos):
+            pos += G * self.seq_len_at(step, self.tokens_before + pos)
+            step += 1
+            n += 1
+        if pos < end:
+            n += -(-(end - pos) // (G * self.seq_len_at(step, self.tokens_before + pos)))
+        return n
+
+    # ------------------------------------------------------------------ contract
+    def __len__(self) -> int:
+        """Steps in this epoch (the same on every rank): those taken and those left."""
+        return self.epoch_step + self._steps_left()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to ``epoch`` at its first token; the tokens consumed of the one left count as trained."""
+        if epoch != self.epoch:
+            self.tokens_before += self.position
+            self.epoch, self.position, self.epoch_step = int(epoch), 0, 0
+
+    def __iter__(self) -> Iterator[TokenBatch]:
+        """This rank's batches from the current position to the epoch's end."""
+        if self.position >= self.stream().end:  # finished: the next iteration is the next epoch
+            self.set_epoch(self.epoch + 1)
+        stream, cfg = self.stream(), self.config
+
+        def make() -> Iterator[tuple[Step, TokenBatch]]:
+            for st in self._steps(self.epoch, self.position, self.step):
+                yield st, self._batch(stream, st)
+        produced = prefetched(make, cfg.prefetch, False, self.timings)
+        try:
+            for st, batch in produced:
+                self.position += st.advance
+                self.step += 1
+                self.epoch_step += 1
+                self.source_tokens += batch.source_tokens
+                yield batch
+        finally:
+            produced.close()
+
+    def _batch(self, stream: EpochStream, st: Step) -> TokenBatch:
+        cfg = self.config
+        a = pack_rows(stream, st.starts, st.seq_len, self.tokens, self.eot, cfg.ignore_cross_document,
+                      cfg.ignore_index)
+        t = {k: torch.from_numpy(v) for k, v in a.items() if k != "source_tokens"}
+        return TokenBatch(**t, source_tokens=a["source_tokens"], seq_len=st.seq_len)
+
+    # ------------------------------------------------------------------ inspection
+    def rows(self, starts: np.ndarray, seq_len: int, epoch: int | None = None) -> dict[str, np.ndarray]:
+        """The rows at ``starts`` of an epoch's stream, as numpy (what a batch holds)."""
+        return pack_rows(self.stream(epoch), np.asarray(starts, np.int64), seq_len, self.tokens, self.eot,
+                         self.config.ignore_cross_document, self.config.ignore_index)
+
+    def documents(self, start: int, length: int, epoch: int | None = None) -> list[dict[str, int]]:
+        """The documents a row covers: source, index in its source, and its stream span (selection
+        and inspection by sequence)."""
+        st = self.stream(epoch)
+        k0 = int(np.searchsorted(st.cum, start, "right") - 1)
+        k1 = int(np.searchsorted(st.cum, min(start + length, st.total) - 1, "right") - 1)
+        return [{"source": int(st.src[k]), "doc": int(st.doc[k]), "stream_start": int(st.cum[k]),
+                 "stream_end": int(st.cum[k + 1])} for k in range(k0, k1 + 1)]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is, global (the same on every rank but ``rank`` and the per-rank
+        ``source_tokens``): resuming yields the very next token, at any world size, batch or
+        sequence length."""
+        sch = self.config.seq_len_schedule
+        return {"kind": "tokens", "epoch": self.epoch, "position": self.position,
+                "end": self.stream().end, "step": self.step, "epoch_step": self.epoch_step,
+                "tokens_before": self.tokens_before, "seed": self.config.seed,
+                "world_size": self.world_size, "rank": self.rank, "batch_size": self.config.batch_size,
+                "seq_len": self.config.seq_len, "seq_len_schedule": sch.model_dump() if sch else None,
+                "mixture": self.plan.state_dict(self.epoch),
+                "source_tokens": self.source_tokens.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (written at any world size): the rest of its epoch over the
+        counts it began with, then the config's mixture."""
+        if state.get("kind") != "tokens":
+            raise LoaderError(f"not a token loader state (kind={state.get('kind')!r})")
+        if state.get("seed") != self.config.seed:
+            raise LoaderError(f"token loader state has seed={state.get('seed')}, this loader "
+                              f"{self.config.seed}: another order")
+        epoch, pos = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or pos < 0:
+            raise LoaderError(f"token loader state has epoch {epoch}, position {pos}: not a position")
+        self.plan.load_state_dict(state["mixture"], begun=pos > 0)
+        self.epoch, self.position, self._stream = epoch, pos, None
+        self.step, self.epoch_step = int(state["step"]), int(state["epoch_step"])
+        self.tokens_before = int(state["tokens_before"])
+        end = self.stream().end
+        if pos > 0 and int(state["end"]) != end:
+            raise LoaderError(f"epoch {epoch} of the saved state ends at token {state['end']}, "
+                              f"rebuilt here at {end}: the sources are not those it began over")
+        if pos > end:
+            raise LoaderError(f"token loader state is at token {pos} of an epoch of {end}")
+        if state.get("world_size") == self.world_size and state.get("rank") == self.rank \
+                and "source_tokens" in state:
+            self.source_tokens = np.asarray(state["source_tokens"], np.int64)
+
+    @property
+    def mixture_changes(self) -> list[dict[str, Any]]:
+        """Each change of the mixture's counts: ``{"epoch", "old", "new"}`` (for the run report)."""
+        return self.plan.changes

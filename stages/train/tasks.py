@@ -1,0 +1,130 @@
+"""What a rank trains a model for, and so how a batch becomes inputs, a loss per sample and an
+evaluation: ``classify`` (images → class logits: one loss per image, accuracy) or
+``language_model`` (packed token rows → next-token logits: one loss per row, the mean over its
+tokens; evaluation in tokens). The model says which (a ``task`` attribute on its class; images by
+default), so the loop, the step and evaluation stay the same for both."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from sluice.errors import TrainError
+from sluice.stages.contracts import TokenInputs
+from sluice.stages.load.tokens import source_losses
+from sluice.stages.models import MODELS
+from sluice.stages.pixels import channel_values, channels_last, normalize_uint8
+from sluice.stages.train.config import TrainConfig
+
+IGNORE = -100  # a target that counts for nothing (padding, a masked boundary)
+
+
+class Task(Protocol):
+    name: str
+
+    def prep(self, batch: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """(inputs on the device as the model takes them, targets, sample indices)."""
+
+    def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        """One float loss per sample (B,)."""
+
+    def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """[correct, summed loss, count] of one evaluation batch, on the device."""
+
+
+class ImageTask:
+    """Moves a batch to the device and turns uint8 pixels into normalised float; cross-entropy
+    per image."""
+    name = "classify"
+
+    def __init__(self, cfg: TrainConfig, device: torch.device):
+        c = cfg.in_channels
+        self.mean = channel_values(cfg.normalize_mean, c, device, "normalize_mean")
+        self.std = channel_values(cfg.normalize_std, c, device, "normalize_std")
+        self.device, self.channels_last, self.c = device, cfg.channels_last, c
+
+    def prep(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        try:
+            images, labels, indices = batch
+        except (TypeError, ValueError):
+            raise TrainError("a loader batch must be (images, labels, indices)") from None
+        if images.ndim != 4 or images.shape[1] != self.c:
+            raise TrainError(f"images must be NCHW with {self.c} channels (train.in_channels), got "
+                             f"{tuple(images.shape)}")
+        nb = self.device.type == "cuda"
+        x = images.to(self.device, non_blocking=nb)
+        x = normalize_uint8(x, self.mean, self.std) if x.dtype == torch.uint8 else x.float()
+        if self.channels_last:
+            x = channels_last(x)
+        return (x, labels.to(self.device, torch.int64, non_blocking=nb),
+                indices.to(self.device, torch.int64, non_blocking=nb))
+
+    def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        return F.cross_entropy(out.float(), targets, reduction="none", label_smoothing=label_smoothing)
+
+    def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.stack([(out.argmax(1) == targets).sum().to(out.dtype),
+                            F.cross_entropy(out, targets, reduction="sum"),
+                            torch.tensor(float(len(targets)), device=out.device, dtype=out.dtype)])
+
+
+class TokenTask:
+    """Packed token rows (``stages/load/tokens.TokenBatch``, or ``(input_ids, targets,
+    sample_ids)``): next-token cross-entropy, one loss per row (the mean over its counted tokens),
+    evaluated per token."""
+    name = "language_model"
+
+    def __init__(self, cfg: TrainConfig, device: torch.device):
+        self.device = device
+
+    def prep(self, batch: Any) -> tuple[TokenInputs, torch.Tensor, torch.Tensor]:
+        nb = self.device.type == "cuda"
+        if hasattr(batch, "input_ids"):
+            x = TokenInputs(batch.input_ids, getattr(batch, "segment_ids", None), getattr(batch, "position_ids", None))
+            y, idx = batch.targets, batch.sample_ids
+        else:
+            try:
+                ids, y, idx = batch
+            except (TypeError, ValueError):
+                raise TrainError("a token batch must be a TokenBatch or (input_ids, targets, indices)") from None
+            x = TokenInputs(ids)
+        if x.input_ids.ndim != 2:
+            raise TrainError(f"token inputs must be (rows, length), got {tuple(x.input_ids.shape)}")
+        return (x.to(self.device, non_blocking=nb), y.to(self.device, torch.int64, non_blocking=nb),
+                idx.to(self.device, torch.int64, non_blocking=nb))
+
+    def per_token(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        """(B, L) losses, 0 where the target is ignored."""
+        B, L, V = out.shape
+        return F.cross_entropy(out.float().reshape(B * L, V), targets.reshape(B * L), reduction="none",
+                               ignore_index=IGNORE, label_smoothing=label_smoothing).view(B, L)
+
+    def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        counted = (targets != IGNORE).sum(1).clamp_min(1)
+        return self.per_token(out, targets, label_smoothing).sum(1) / counted
+
+    def source_sums(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> torch.Tensor | None:
+        """(2, sources): summed loss and counted tokens per mixture source, where the batch says
+        each token's source (``TokenBatch.sources``); None otherwise."""
+        sources = getattr(batch, "sources", None)
+        if sources is None:
+            return None
+        n = len(getattr(batch, "source_tokens", ()))
+        if n < 1:
+            return None
+        sources = sources.to(out.device, non_blocking=out.device.type == "cuda")
+        per_token = self.per_token(out, targets).to(torch.float64)
+        sums, counts = source_losses(per_token, sources, n, valid=targets != IGNORE)
+        return torch.stack([sums, counts])
+
+    def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        valid = targets != IGNORE
+        return torch.stack([((out.argmax(-1) == targets) & valid).sum().to(out.dtype),
+                            self.per_token(out, targets).sum().to(out.dtype), valid.sum().to(out.dtype)])
+
+
+def build_task(cfg: TrainConfig, device: torch.device) -> ImageTask | TokenTask:
+    """The task ``cfg.model`` is trained for (its class's ``task``; images by default)."""
+    kind = getattr(MODELS.get(cfg.model), "task", "classify")
+    return TokenTask(cfg, device) if kind == "language_model" else ImageTask(cfg, device)
