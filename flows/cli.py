@@ -16,6 +16,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_shard(args: argparse.Namespace) -> int:
     from sluice.flows.config import load_config
+    from sluice.stages.data.text import TextShardConfig, detect_text_source, shard_text
+    if detect_text_source(args.source):  # text: a token artifact (docs/artifact.md, "Text and tokens")
+        text = load_config(TextShardConfig, args.config, args.overrides)
+        if args.quiet:
+            text.progress = False
+        print(shard_text(text, args.source, args.out).format())
+        return 0
     from sluice.stages.data.config import PrepareConfig
     from sluice.stages.data.shard import shard_dataset
     cfg = load_config(PrepareConfig, args.config, args.overrides + [f"ingest.source={args.source}"])
@@ -106,10 +113,36 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     import json
+    from sluice.storage.tokens import is_token_artifact
+    if is_token_artifact(args.artifact):
+        return _verify_tokens(args)
     from sluice.stages.data.verify import verify_artifact
     report = verify_artifact(args.artifact, full=args.full)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
     return 0 if report.ok else 1
+
+
+def _verify_tokens(args: argparse.Namespace) -> int:
+    """Every split of a token artifact: its files (sha256 with --full) and every document's CRC-32."""
+    import json
+    from sluice.errors import SluiceError
+    from sluice.storage.tokens import open_token_split, read_token_manifest, version_dir
+    root = version_dir(args.artifact)
+    report: dict = {"artifact": str(root), "splits": {}, "ok": True}
+    for name, rec in read_token_manifest(root).splits.items():
+        try:
+            open_token_split(root, name).verify(deep=args.full)
+            report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": True}
+        except SluiceError as e:
+            report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": False, "error": str(e)}
+            report["ok"] = False
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"token artifact {root}: " + ("every document matches its checksum" if report["ok"] else "DAMAGED"))
+        for name, r in report["splits"].items():
+            print(f"  {name}: {r['documents']} documents, {r['tokens']} tokens: " + ("ok" if r["ok"] else r["error"]))
+    return 0 if report["ok"] else 1
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -164,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("shard", help="write a source as a versioned dataset artifact",
                        description="Shard SOURCE (fashion-mnist, an IDX dir, an image folder, an .npz, or "
-                                   "WebDataset .tar shards) into WebDataset + DALI index + FFCV formats.")
+                                   "WebDataset .tar shards) into WebDataset + DALI index + FFCV formats; or text "
+                                   "(a folder of .txt/.md, a .jsonl, a .parquet) into a token artifact, its "
+                                   "settings as --set vocab_size=4096 (docs/artifact.md).")
     s.add_argument("source")
     s.add_argument("--out", required=True, help="dataset root; the artifact goes to OUT/<fingerprint>")
     s.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -45,6 +45,7 @@ from sluice.storage import atomic
 from sluice.storage.artifact import LATEST, reader_lock_file
 from sluice.storage.locking import exclusive, try_exclusive
 from sluice.storage.manifest import MANIFEST_NAME, Manifest, read_manifest
+from sluice.storage.tokens import TokenManifest, is_token_artifact, read_token_manifest
 from sluice.storage.paths import is_local, local_path
 
 GC_LOCK = ".gc.lock"
@@ -126,7 +127,7 @@ def _mb(n: int) -> str:
 class _Version:
     name: str
     path: Path
-    manifest: Manifest
+    manifest: Manifest | TokenManifest
     created: datetime
 
 
@@ -188,7 +189,7 @@ def _read_latest(base: Path) -> str | None:
     return name or None
 
 
-def _created(m: Manifest, path: Path) -> datetime:
+def _created(m: Manifest | TokenManifest, path: Path) -> datetime:
     try:
         t = datetime.fromisoformat(m.created_at)
         return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
@@ -206,7 +207,7 @@ def _collect(base: Path, keep: int, dry_run: bool) -> GcReport:
         path = Path(e.path)
         if os.path.lexists(path / MANIFEST_NAME):
             try:
-                m = read_manifest(path)
+                m = read_token_manifest(path) if is_token_artifact(path) else read_manifest(path)
             except (ArtifactError, ValueError) as err:
                 raise ArtifactError(f"cannot read {path / MANIFEST_NAME} ({err}); sluice gc cannot tell which "
                                     "files that version uses, so it removes nothing: repair it, or move that "
