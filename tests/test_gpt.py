@@ -124,3 +124,17 @@ def test_evaluation_gives_each_mixture_source_its_loss():
     assert set(e["loss_by_source"]) == {"a", "b"} and e["loss_by_source"]["a"] != e["loss_by_source"]["b"]
     lo, hi = sorted(e["loss_by_source"].values())
     assert lo <= e["loss"] <= hi
+
+
+def test_every_evaluation_reads_the_same_rows():
+    """An evaluation loader read to its end and set to epoch 0 again yields epoch 0's rows again,
+    not the next epoch's packing: two evaluations of the same weights agree exactly."""
+    from sluice.stages.train.dist import dist_context
+    from sluice.stages.train.evaluate import evaluate
+    _, ev = loaders()
+    torch.manual_seed(0)
+    model = build_model("gpt", 1, V, n_layer=1, n_head=2, d_model=32, max_len=32)
+    c = cfg()
+    task, d = build_task(c, torch.device("cpu")), dist_context(c)
+    first, second = (evaluate(model, ev, task, "none", d) for _ in range(2))
+    assert first == second and first["n"] > 0

@@ -380,8 +380,9 @@ class TokenLoader:
         return self.epoch_step + self._steps_left()
 
     def set_epoch(self, epoch: int) -> None:
-        """Go to ``epoch`` at its first token; the tokens consumed of the one left count as trained."""
-        if epoch != self.epoch:
+        """Go to ``epoch`` at its first token; the tokens consumed of the one left count as trained.
+        The same epoch, read to its end, starts again: an evaluation re-reads the same rows."""
+        if epoch != self.epoch or self.position >= self.stream().end:
             self.tokens_before += self.position
             self.epoch, self.position, self.epoch_step = int(epoch), 0, 0
 
