@@ -642,6 +642,107 @@ def render_nightly() -> str:
     return "\n".join(nightly_growth(d) + (["", *warm_sweep(sweep)] if sweep else [])) + "\n"
 
 
+def _met(g: dict[str, Any] | None) -> str:
+    return "not measured" if not g or g.get("met") is None else ("met" if g["met"] else "missed")
+
+
+def tokens(d: dict[str, Any], name: str) -> list[str]:
+    """The token pipeline benchmark (issue #41): loader throughput on one core, exact resume of a
+    mixture at other world sizes, and time to a validation loss against a nanoGPT-style loop."""
+    mode = f", {d['mode']} mode" if d.get("mode") and d["mode"] != "full" else ""
+    lines = [f"#### Token pipeline: loader, resume, time to a validation loss ({class_of(d)}{mode})", ""]
+    lo = d.get("loader")
+    if lo:
+        c = lo["corpus"]
+        lit = (lo.get("prep") or {}).get("litdata_optimize") or {}
+        lines += [f"**Loader**: packed ({lo['batch']}, {lo['seq_len']}) int64 inputs and targets on one core "
+                  f"(one torch thread, no helper thread or worker process in any arm) over the three Debian "
+                  f"sources' train splits ({c['stream_tokens']:,} tokens with end-of-text, vocabulary "
+                  f"{c['vocab_size']:,}); median (min–max) of {lo['repeats']} interleaved windows of "
+                  f"{lo['window_s']:g} s. LitData's `optimize` of the same stream took "
+                  + (f"{lit['seconds']:.1f} s (not in its throughput)." if lit else "— (not run)."), "",
+                  "| arm | tokens/s: median (min–max) | cores busy | tokens per CPU second: median |",
+                  "|---|---|---|---|"]
+        per_cpu = {arm: statistics.median(w["tokens_per_s"] / max(w["cores_busy"], 1e-9) for w in runs)
+                   for arm, runs in lo["runs"].items() if runs}
+        for arm, v in lo["summary"].items():
+            t = v["tokens_per_s"]
+            lines.append(f"| {arm} | {t['median'] / 1e6:,.1f} M ({t['min'] / 1e6:,.1f}–{t['max'] / 1e6:,.1f} M) | "
+                         f"{v['cores_busy']['median']:.2f} | {per_cpu[arm] / 1e6:,.1f} M |")
+        lines += ["", "Goals (on tokens/s): " + "; ".join(f"{k} {v['value']:.2f}× (≥ {v['wanted']:g}×: **{_met(v)}**)"
+                                                         for k, v in lo["goals"].items()) + "."]
+        if "nanogpt_memmap" in per_cpu and "sluice" in per_cpu:
+            lines += ["", "Per CPU second (what a shared host's descheduling does not move): sluice "
+                      f"{_x(per_cpu['sluice'] / per_cpu['nanogpt_memmap'])} nanogpt_memmap"
+                      + (f", {_x(per_cpu['sluice'] / per_cpu['litdata_tokens'])} litdata_tokens"
+                         if "litdata_tokens" in per_cpu else "") + "."]
+        if lo.get("skipped"):
+            lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in lo["skipped"].items()) + "."]
+        lines.append("")
+    rs = d.get("resume")
+    if rs:
+        w = ", ".join(f"{k} {v:g}" for k, v in rs["weights"].items())
+        sch = rs["seq_len_schedule"]
+        lines += [f"**Resume**: a mixture of the three sources (weights {w}; {rs['epoch_size']:,} documents an epoch), "
+                  f"packed, rows {sch['start']} → {sch['end']} tokens by the curriculum, global batch "
+                  f"{rs['global_batch']} rows; stopped at 4 ranks at step {rs['stop_step']} of {rs['steps_epoch0']}, "
+                  "resumed at each world size and run to the end of epoch 1; each epoch checked against an "
+                  "uninterrupted 1-rank run.", "",
+                  "| resumed at | token positions repeated / skipped (epoch 0) | same tokens | documents and tokens "
+                  "per source exact (epoch 0, 1) | result |", "|---|---|---|---|---|"]
+        for k, v in rs["worlds"].items():
+            e0, e1 = v["epoch0"], v["epoch1"]
+            lines.append(f"| {k} rank{'s' * (k != '1')} | {e0['repeated']} / {e0['skipped']} of {e0['positions']:,} | "
+                         f"{'yes' if e0['same_tokens_as_uninterrupted'] and e1['same_tokens_as_uninterrupted'] else 'no'} | "
+                         f"{'yes' if e0['counts_exact'] else 'no'}, {'yes' if e1['counts_exact'] else 'no'} | "
+                         f"**{'pass' if v['pass'] else 'FAIL'}** |")
+        peer = rs.get("naive_peer") or {}
+        if peer.get("restart_epoch"):
+            lines += ["", f"The naive peer ({rs['naive_peer_note']}; {peer['chunks']:,} chunks), chunks repeated / "
+                      "skipped over epoch 0:", "", "| resumed at | restart the epoch | skip the batches taken |",
+                      "|---|---|---|"]
+            for k in peer["restart_epoch"]:
+                a, b = peer["restart_epoch"][k], peer["skip_taken_batches"][k]
+                lines.append(f"| {k} rank{'s' * (k != '1')} | {a['repeated']:,} / {a['skipped']:,} | {b['repeated']:,} / {b['skipped']:,} |")
+        lines.append("")
+    e2e = d.get("e2e")
+    if e2e and e2e.get("skipped"):
+        lines += [f"**End to end**: not measured ({e2e['skipped']})."]
+    elif e2e:
+        st = e2e["settings"]
+        m = st["model"]
+        lines += [f"**End to end**: a GPT ({m['n_layer']} layers, d {m['d_model']}, rows of {st['seq_len']}, "
+                  f"batch {st['batch']}, vocabulary {st['vocab']}) from a fresh process to **{e2e['target_bpb']:g} bits "
+                  f"per byte** of the validation text (fixed before the runs), every arm's own tokenizer training "
+                  f"and token files counted; both evaluated on all {e2e['corpus']['val_docs']:,} validation documents "
+                  f"every {st['eval_every']} steps, a budget of {st['budget_tokens']:,} training tokens.", "",
+                  "| arm | seconds to target per seed | median (min–max) | misses | bits per byte at the end, per seed "
+                  "| tokenizer + token files, median |", "|---|---|---|---|---|---|"]
+        for arm, v in e2e["summary"].items():
+            per = ", ".join("missed" if t is None else f"{t:.0f}" for t in v["per_seed"])
+            runs = [r for r in e2e["runs"] if r["arm"] == arm]
+            last = ", ".join(f"{r['evals'][-1]['bpb']:.3f}" if r.get("evals") else "—" for r in runs)
+            prep = [r["prep_s"] for r in runs if r.get("prep_s") is not None]
+            lines.append(f"| {arm} | {per} | {_s(v['median'])}{_range([v['min'], v['max']])} | {v['misses']} | {last} | "
+                         f"{_s(statistics.median(prep)) if prep else '—'} |")
+        g = e2e["goal"]
+        lines += ["", f"Sluice over the loop: {_x(g['ratio'])} (goal ≤ {g['wanted']:g}×: **{_met(g)}**)."]
+    elif d.get("e2e_calibration"):
+        lines += ["**End to end**: only the calibration sweep has run; the goal is not measured."]
+    else:
+        lines += ["**End to end**: not measured."]
+    parts = [(k, d[k]) for k in ("loader", "resume", "e2e", "e2e_calibration") if isinstance(d.get(k), dict)]
+    if parts:
+        lines += ["", "Each part as run: " + "; ".join(
+            f"{k}: `{v.get('command', '?')}`, load average {_la(v.get('load_average_start'))} at start and "
+            f"{_la(v.get('load_average_end'))} at the end, {v.get('seconds', 0):.0f} s" for k, v in parts) + "."]
+    return lines + ["", provenance(d, name)]
+
+
+def _la(v: list | None) -> str:
+    return f"{v[0]:.1f}" if v else "not recorded"
+
+
 def render() -> str:
     blocks = ["\n".join(host_classes())]
     for name, fn in SECTIONS:
@@ -654,6 +755,18 @@ def render() -> str:
         for p in sorted(RESULTS.glob(f"{stem}-*.json")):
             if not p.stem.endswith("_quick"):
                 blocks.append("\n".join(fn(json.loads(p.read_text()), p.name)))
+    # the GPU loader benchmark's CPU mode, per host class: the full run, else the quick one
+    for p in sorted(RESULTS.glob("gpu_loader_cpu-*.json")):
+        full = p.with_name(p.name.replace("_quick.json", ".json"))
+        if not p.stem.endswith("_quick") or not full.exists():
+            blocks.append("\n".join(gpu_loader_cpu(json.loads(p.read_text()), p.name)))
+    # the token pipeline benchmark, per host class: the full run, and the quick one beside it
+    # unless the full run measured every part (the e2e goal needs a target fixed per mode)
+    for p in sorted(RESULTS.glob("tokens-*.json")):
+        full = p.with_name(p.name.replace("_quick.json", ".json"))
+        if not p.stem.endswith("_quick") or not full.exists() \
+                or not (json.loads(full.read_text()).get("e2e") or {}).get("summary"):
+            blocks.append("\n".join(tokens(json.loads(p.read_text()), p.name)))
     return "\n\n".join(blocks) + "\n"
 
 
@@ -733,14 +846,100 @@ def gpu_batch_ab(d: dict[str, Any]) -> list[str]:
                   "that reaches 93% at 256 on every seed is measured."]
 
 
+def _dataset(d: dict[str, Any]) -> str:
+    st = (d.get("data") or {}).get("folder_stats") or {}
+    if not st:
+        return "the ImageNet-like JPEGs (not recorded)"
+    return (f"{st['n']:,} ImageNet-like JPEGs (`benchmarks/imagenet_like.py`: mean {st['mean_width']:.0f}×"
+            f"{st['mean_height']:.0f} px, {st['mean_bytes'] / 1e3:.0f} KB, quality {st['quality']}, "
+            f"{st['classes']:,} classes, each at its own size)")
+
+
+def _loader_rows(d: dict[str, Any], trained: bool) -> list[str]:
+    out = []
+    for px, size in d["sizes"].items():
+        for arm, a in size["arms"].items():
+            sm = a.get("summary")
+            if not sm:
+                errs = sorted({r["error"] for r in a.get("runs", []) if "error" in r})
+                out.append(f"| {px} | {arm} | " + ("failed: " + "; ".join(e[:200] for e in errs) if errs
+                                                   else "not run") + " |" + " |" * (3 if trained else 2))
+                continue
+            ips, busy, per = sm["images_per_s"], sm["cores_busy"], sm["images_per_s_per_core"]
+            cells = [f"{ips['median']:,.0f} ({ips['min']:,.0f}–{ips['max']:,.0f})"]
+            if trained:
+                cells.append(_pct(sm["data_wait_frac"]["median"], 1))
+            cells += ["—" if busy["median"] is None else f"{busy['median']:.2f}",
+                      "—" if per["median"] is None else f"{per['median']:,.0f}"]
+            out.append(f"| {px} | {arm} | " + " | ".join(cells) + " |")
+    return out
+
+
+def gpu_loader_cpu(d: dict[str, Any], name: str) -> list[str]:
+    """The GPU loader benchmark's CPU mode: decode + augmentation throughput per arm, per core."""
+    lines = [f"#### ResNet-50 loader benchmark, CPU mode: decode and augmentation per core ({class_of(d)})", "",
+             f"No GPU and no training: each arm's input path alone on this CPU over {_dataset(d)}; a random "
+             "resized crop to the size, a flip and ImageNet's normalisation; batches of "
+             f"{d['batch']}, {d['workers']} workers; median (min–max) of {d['repeats']} interleaved windows of "
+             f"{d['window_s']:g} s. Images per busy core is the CPU cost of an image. These are CPU figures: "
+             "the benchmark's goals are judged on a GPU only (`gpu_loader.json`, below under *On one GPU*).", "",
+             "| px | arm | images/s: median (min–max) | cores busy | images/s per busy core |",
+             "|---|---|---|---|---|"]
+    lines += _loader_rows(d, trained=False)
+    best = [f"{px} px: {g['best_sluice']}, {_x(g.get('images_per_core_vs_pil'))} the PIL DataLoader's images per "
+            f"core and {_x(g.get('images_per_s_vs_pil'))} its images/s"
+            for px, size in d["sizes"].items() if (g := size.get("goals") or {}).get("best_sluice")]
+    if best:
+        lines += ["", "The Sluice arm with the most images per core: " + "; ".join(best) + " (indicative)."]
+    if d.get("skipped"):
+        lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in d["skipped"].items()) + "."]
+    return lines + ["", provenance(d, name)]
+
+
+def gpu_loader(d: dict[str, Any], name: str = "gpu_loader.json") -> list[str]:
+    """The GPU loader benchmark on one GPU: trained images/s per arm and the goals beside them."""
+    g = d.get("gpu") or {}
+    lines = [f"ResNet-50 fed by each loader (`benchmarks/results/{name}`): {g.get('gpu')}, torch {g.get('torch')} "
+             f"(CUDA {g.get('cuda')}); {d.get('model', 'ResNet-50')}, batch {d['batch']}, over {_dataset(d)}. "
+             f"Trained images/s over windows of {d['window_s']:g} s after {d['warmup_s']:g} s of warm-up, "
+             f"median (min–max) of {d['repeats']} interleaved repeats; data wait: the share of the window "
+             "spent in `next(loader)` (the host one step ahead of the GPU at most); cores busy: CPU time of "
+             "the process and its workers over the window.", ""]
+    if d.get("note"):
+        lines += [f"Note: {d['note']}.", ""]
+    lines += ["| px | arm | trained images/s: median (min–max) | data wait | cores busy | images/s per busy core |",
+              "|---|---|---|---|---|---|"]
+    lines += _loader_rows(d, trained=True)
+    lines += ["", "Goals (fixed before the run), per size, for the best Sluice arm:", "",
+              "| px | best Sluice arm | vs synthetic (≥ 0.9×) | vs PIL DataLoader (≥ 1.5×) | data wait (< 5%) | "
+              "cores busy vs PIL's (≤ 0.5×) |", "|---|---|---|---|---|---|"]
+    for px, size in d["sizes"].items():
+        go = size.get("goals") or {}
+
+        def cell(k: str, pct: bool = False) -> str:
+            v = go.get(k) or {}
+            if v.get("met") is None:
+                return "not measured"
+            return f"{_pct(v['value'], 1) if pct else _x(v['value'])} ({'met' if v['met'] else 'missed'})"
+        lines.append(f"| {px} | {go.get('best_sluice') or '—'} | {cell('vs_synthetic')} | {cell('vs_pil')} | "
+                     f"{cell('data_wait', True)} | {cell('cores_busy_vs_pil')} |")
+    if d.get("skipped"):
+        lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in d["skipped"].items()) + "."]
+    return lines + ["", provenance(d, name)]
+
+
 def render_gpu() -> str:
     """The GPU section; it says so plainly when no GPU results are committed."""
     files = [(n, d) for n in GPU_RUNS if (d := _load(n)) is not None]
-    if not files:
+    loader = _load("gpu_loader.json")
+    if not files and loader is None:
         return "No GPU results are committed: this page claims none.\n"
-    lines = gpu(files)
+    lines = gpu(files) if files else []
     if (ab := _load("gpu_batch_ab.json")) is not None:
         lines += [""] + gpu_batch_ab(ab)
+    lines += [""] + (gpu_loader(loader) if loader is not None else [
+        "The ResNet-50 loader benchmark (`benchmarks.gpu_loader`) has no GPU results committed: its goals "
+        "are unmeasured (`make gpu-check GPU_CHECK_ARGS=--loader` writes them)."])
     return "\n".join(lines) + "\n"
 
 
