@@ -53,8 +53,11 @@ def _print_outcome(cfg, result: dict) -> None:
         print(f"IL scores        : {result['il']['path']}")
     print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl; torchrun.log for several ranks)")
     print(f"model registry   : {reg.root}")
-    print(f"candidate        : {p['model_id']} {p['eval_split']} accuracy {p['candidate_value']:.4f} "
-          f"({p['report_split']} {p['report']['acc']:.4f}) -> "
+    if p.get("metric", "").endswith("loss"):  # a language model: the loss per token, lower is better
+        graded = f"{p['metric']} {p['candidate_value']:.4f} ({p['report_split']} loss {p['report']['loss']:.4f})"
+    else:
+        graded = f"{p['eval_split']} accuracy {p['candidate_value']:.4f} ({p['report_split']} {p['report']['acc']:.4f})"
+    print(f"candidate        : {p['model_id']} {graded} -> "
           f"{'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
     if champ:
         print(f"champion         : {champ.model_id} {champ.metric} {champ.value:.4f}")

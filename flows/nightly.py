@@ -1,6 +1,8 @@
 """Prefect flows: ``prepare`` (ingest → shard), ``train`` (IL scores → train → evaluate → promote)
 and ``nightly-retrain`` (both; the deployment entry point). Flows only chain tasks; each task is a
-thin call into ``stages``/``storage``.
+thin call into ``stages``/``storage``. With ``config.text`` the same flows run on text sources
+(``stages/run/text.py``): shard each source, verify, train a language model, promote by
+validation loss.
 
 Unchanged data is not prepared twice, and the stages are what ensure it: the shard stage finds
 the dataset version of the same content fingerprint (source bytes + config), the IL stage the
@@ -39,6 +41,15 @@ def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
     s = shard_dataset(cfg.ingest, out, cfg.shard)
     get_run_logger().info("\n" + s.format())
     return s.info()
+
+
+@task(name="shard-text", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
+def shard_text_task(text: dict[str, Any], datasets_dir: str) -> dict[str, Any]:
+    """Each text source's token artifact under ``datasets_dir/<name>``, one tokenizer for all:
+    found when it exists, written (on top of the last version when the source grew) otherwise."""
+    from sluice.stages.run.text import TextPipelineConfig, prepare_text
+    log = get_run_logger()
+    return prepare_text(TextPipelineConfig.model_validate(text), datasets_dir, log=lambda line: log.info("\n" + line))
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2)
@@ -99,6 +110,15 @@ def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | N
                         nproc=c.ranks(), timeout_s=c.train_timeout_s, log=get_run_logger().info)
 
 
+@task(name="verify-text")
+def verify_text_task(data: dict[str, Any]) -> dict[str, Any]:
+    """Every document's checksum in every text source before training; damage fails the run here."""
+    from sluice.stages.run.text import verify_text
+    summary = verify_text(data)
+    get_run_logger().info(f"token artifacts: {summary['samples']} documents match their checksums")
+    return summary
+
+
 @task(name="verify-artifact")
 def verify_task(root: str, on_corrupt: str) -> dict[str, Any]:
     """Every sample's checksum before training (``sluice verify``, the cheap form): the result
@@ -120,8 +140,18 @@ def gc_task(dataset_dir: str, keep: int) -> dict[str, Any]:
 
 @task(name="evaluate-and-promote")
 def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    from sluice.stages.run.promote import evaluate_and_promote
+    from sluice.stages.run.promote import evaluate_and_promote, evaluate_and_promote_tokens
     c = PipelineConfig.model_validate(cfg)
+    if c.text is not None:
+        out = evaluate_and_promote_tokens(c.promotion, c.registry_dir(), data, trained, run,
+                                          seq_len=c.text.eval_seq_len(), batch_size=c.text.eval_batch_size,
+                                          config=c.model_dump(mode="json"))
+        get_run_logger().info(f"candidate {out['model_id']}: {out['reason']} -> "
+                              f"{'PROMOTED' if out['promoted'] else 'not promoted'}; {out['metric']} by source: "
+                              + ", ".join(f"{k} {v['candidate']:.4f}" + (f" (champion {v['champion']:.4f})"
+                                                                           if v["champion"] is not None else "")
+                                          for k, v in out["loss_by_source"].items()))
+        return out
     out = evaluate_and_promote(c.promotion, c.registry_dir(), c.dataset_dir(), data, trained, run,
                                needs_il=c.selection.needs_il, config=c.model_dump(mode="json"))
     get_run_logger().info(f"candidate {out['model_id']}: {out['reason']} -> "
@@ -173,6 +203,8 @@ def _prepare_on_runner(config: dict[str, Any]) -> dict[str, Any]:
 def prepare(config: PipelineConfig | None = None) -> dict[str, Any]:
     """Ingest and shard the source into a (possibly already existing) dataset version."""
     c = _config(config)
+    if c.text is not None:  # text sources: one token artifact each, one tokenizer
+        return shard_text_task(c.text.model_dump(mode="json"), str(c.datasets_dir()))
     if c.prepare_runner != "local":
         runner = _task_runner(c.prepare_runner)
         return _prepare_on_runner.with_options(task_runner=runner)(c.model_dump(mode="json"))
@@ -188,7 +220,8 @@ def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = No
     if c.selection.needs_il:
         il = il_task(data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()),
                      "cuda" if c.on_cuda() else "cpu")
-    checked = verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
+    checked = verify_text_task(data) if c.text is not None else \
+        verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
     run = _run_info()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
@@ -207,6 +240,8 @@ def nightly(config: PipelineConfig | None = None) -> dict[str, Any]:
     c = _config(config)
     data = prepare(c)
     out = {**train(c, data), "started_at": started_at}
-    if c.keep_versions is not None:  # after training: the version trained on is the newest
+    if c.keep_versions is not None and c.text is not None:  # each source's versions
+        out["gc"] = {s.name: gc_task(str(c.datasets_dir() / s.name), c.keep_versions) for s in c.text.sources}
+    elif c.keep_versions is not None:  # after training: the version trained on is the newest
         out["gc"] = gc_task(str(c.dataset_dir()), c.keep_versions)
     return out

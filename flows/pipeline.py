@@ -21,10 +21,12 @@ from sluice.stages.select import SelectionConfig
 from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import wants_cuda
-from sluice.stages.run.assemble import assemble_job
+from sluice.stages.models import MODELS
+from sluice.stages.run.assemble import assemble_job, assemble_token_job
 from sluice.stages.train.job import TrainJob
 from sluice.stages.run.nodes import LaunchConfig
 from sluice.stages.run.promote import PromotionConfig
+from sluice.stages.run.text import TextPipelineConfig
 from sluice.stages.run.warm import WarmStartConfig
 
 
@@ -52,6 +54,10 @@ class PipelineConfig(BaseModel):
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    text: TextPipelineConfig | None = Field(
+        None, description="train a language model (train.model: gpt) on a weighted mixture of text sources "
+        "instead of an image classifier on prepare.ingest: the same flow, promoted by validation loss "
+        "(docs/nightly.md#text; the recipe: text)")
     warm: WarmStartConfig = Field(default_factory=WarmStartConfig,
                                   description="start from the champion's weights and train on the samples it has "
                                               "not seen plus a replay (stages/run/warm.py)")
@@ -95,9 +101,45 @@ class PipelineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _text_or_images(self) -> "PipelineConfig":
+        """A language model trains on ``text``, an image model on ``prepare.ingest``; with text,
+        promotion is by the loss per token on a split the text shard config fills, no selection
+        method runs (token rows have no per-sample table yet) and no warm start is planned."""
+        lm = getattr(MODELS.get(self.train.model), "task", "classify") == "language_model"
+        if self.text is None:
+            if lm:
+                raise ValueError(f"train.model={self.train.model!r} is a language model: give it text sources "
+                                 "(text.sources; the recipe: text)")
+            return self
+        if not lm:
+            raise ValueError(f"text is set, but train.model={self.train.model!r} is no language model (gpt is)")
+        if self.selection.method != "none":
+            raise ValueError(f"selection.method={self.selection.method!r}: selection on token rows is not "
+                             "supported yet (a row's identity changes with each epoch's packing); use none")
+        if self.warm.init == "champion":
+            raise ValueError("warm.init=champion: warm starts are planned over an image artifact's samples; "
+                             "a language model trains from scratch each night (warm.init: scratch or auto)")
+        p = self.promotion
+        if p.metric == "val_acc" and "metric" not in p.model_fields_set:
+            p.metric = f"{p.eval_split}_loss"
+        if p.metric != f"{p.eval_split}_loss":
+            raise ValueError(f"promotion.metric={p.metric!r}: a language model is promoted by its loss per "
+                             f"token on promotion.eval_split, {p.eval_split}_loss")
+        for name in ("eval_split", "report_split"):
+            split = getattr(p, name)
+            if self.text.split_fraction(split) == 0:
+                raise ValueError(f"promotion.{name}={split!r} but text.shard.{split}_fraction is 0, "
+                                 "so that split would be empty")
+            if split == "train":
+                raise ValueError(f"promotion.{name}=train: a model is never graded on what it trained on")
+        return self
+
+    @model_validator(mode="after")
     def _eval_split_is_not_empty(self) -> "PipelineConfig":
         """Checked here, before any stage runs (and after the holdout default is settled): a
         split the ingest config leaves empty."""
+        if self.text is not None:  # the text sources' splits: _text_or_images
+            return self
         ingest = self.prepare.ingest
         for name in ("eval_split", "report_split"):
             split = getattr(self.promotion, name)
@@ -138,6 +180,10 @@ class PipelineConfig(BaseModel):
     def dataset_dir(self) -> Path:
         return Path(self.data_root) / "datasets" / self.dataset_name
 
+    def datasets_dir(self) -> Path:
+        """Where every dataset lives (a text source under ``<name>/``)."""
+        return Path(self.data_root) / "datasets"
+
     def scores_dir(self) -> Path:
         return Path(self.data_root) / "scores"
 
@@ -156,5 +202,7 @@ def dataset_info(summary) -> dict[str, Any]:
 def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None, verified: bool = False) -> TrainJob:
     """The typed training job for this pipeline on dataset version ``data`` (stages/train/job.py).
     ``verified``: the flow checked the artifact already, so the ranks' loaders do not again."""
+    if c.text is not None:  # data: stages/run/text.prepare_text's set of token artifacts
+        return assemble_token_job(c.train, c.text, c.promotion.report_split, data)
     loader = c.loader.model_copy(update={"verify": "none"}) if verified else c.loader
     return assemble_job(c.train, loader, c.augment, c.selection, c.promotion.report_split, data, il_path)

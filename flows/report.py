@@ -102,6 +102,12 @@ def markdown_summary(s: dict[str, Any]) -> str:
              f" ({'reused' if d.get('reused') else 'written'})",
              "- samples: " + ", ".join(f"{k} {v}" for k, v in d.get("counts", {}).items()),
              f"- quarantined samples: {d.get('quarantined', 0)}"]
+    for src in d.get("sources", []):  # text: one token artifact per source
+        delta = src.get("delta") or {}
+        lines.append(f"- source `{src['name']}` ({src.get('source', '')}, weight {src.get('weight', 1):g}): version "
+                     f"`{src['fingerprint'][:16]}` ({'reused' if src.get('reused') else 'written'}), documents "
+                     + ", ".join(f"{k} {v}" for k, v in src.get("counts", {}).items())
+                     + (f"; new since its parent: {sum(delta.get('added', {}).values())}" if delta else ""))
     if d.get("damaged_sources"):
         lines.append(f"- **damaged source files kept in part: {d['damaged_sources']}** (see the manifest)")
     il = s.get("il")
@@ -145,6 +151,12 @@ def markdown_summary(s: dict[str, Any]) -> str:
         lines.append("- selection: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in sel.items()))
     p = s.get("promotion", {})
+    if str(p.get("metric", "")).endswith("loss"):  # a language model: promoted by its loss per token
+        lines += ["", "## Evaluation and promotion"] + _loss_promotion(p)
+        charts = s.get("charts", {})
+        if charts:
+            lines += ["", "## Training curves"] + [f"![{name}]({uri})" for name, uri in charts.items()]
+        return "\n".join(lines) + "\n"
     lines += ["", "## Evaluation and promotion",
               f"- candidate accuracy **{_f(p.get('candidate_value'))}** on `{p.get('eval_split', 'val')}` (decides)"
               + (f"; on `{p['report_split']}` (reported only): {_f(p['report'].get('acc'))}"
@@ -169,9 +181,54 @@ def markdown_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loss_promotion(p: dict[str, Any]) -> list[str]:
+    """Promotion by validation loss: the decision, then candidate and champion per source."""
+    lines = [f"- candidate {p['metric']} **{_f(p.get('candidate_value'))}** per token on `{p.get('eval_split')}` "
+             f"(decides; lower is better)",
+             f"- champion before: {p.get('champion_before') or 'none'}"
+             + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
+             f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}",
+             "", f"| source | candidate {p['metric']} | champion {p['metric']} |", "|---|---|---|"]
+    for name, v in p.get("loss_by_source", {}).items():
+        lines.append(f"| {name} | {_f(v.get('candidate'))} | {_f(v.get('champion'))} |")
+    lines.append(f"| **all** | {_f(p.get('candidate_value'))} | {_f(p.get('champion_value'))} |")
+    u = p.get("unseen")
+    if u:
+        lines += ["", f"- graded on unseen documents only: the candidate trained on {u['candidate_trained_samples']} "
+                  f"documents ({', '.join(u['candidate_trained_on'])}), none of the {u['samples_checked']} graded"
+                  + ("; the champion, re-graded on these versions, trained on none of them either"
+                     if u.get("champion_samples_checked") is not None else "")]
+    w = p.get("warm")
+    if w:
+        lines.append(f"- weights: from scratch ({w.get('why', '')})")
+    return lines
+
+
+def read_eval_losses(metrics_path: str | Path) -> list[tuple[int, float]]:
+    """(step, evaluation loss) from rank 0's ``metrics.jsonl`` (a language model's, per token)."""
+    loss: dict[int, float] = {}
+    p = Path(metrics_path)
+    if p.exists():
+        for line in p.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "eval" in rec and "loss" in rec["eval"]:
+                loss[int(rec["eval"]["step"])] = float(rec["eval"]["loss"])
+    return sorted(loss.items())
+
+
 def report_markdown(summary: dict[str, Any], metrics_path: str | Path) -> str:
     """The whole report: the summary and both charts (training loss, evaluation accuracy)."""
     loss, acc = read_curves(metrics_path)
+    if str(summary.get("promotion", {}).get("metric", "")).endswith("loss"):  # a language model
+        return markdown_summary({**summary, "charts": {
+            "training loss": data_uri(chart_svg({"train loss": loss}, "training loss", "loss per token",
+                                                y_limits=(0.0, math.inf))),
+            "evaluation loss": data_uri(chart_svg({"eval loss": read_eval_losses(metrics_path)}, "evaluation loss",
+                                                  "loss per token", y_limits=(0.0, math.inf),
+                                                  empty="no evaluation recorded"))}})
     charts = {
         "training loss": data_uri(chart_svg({"train loss": loss}, "training loss", "loss",
                                             y_limits=(0.0, math.inf))),

@@ -1,5 +1,6 @@
 """Model registry: an immutable record per trained model, and a ``champion`` pointer that moves
-only when a candidate beats the champion on the same evaluation split by a margin.
+only when a candidate beats the champion on the same evaluation split by a margin (a higher
+accuracy, or a lower loss).
 
 Layout under the registry root::
 
@@ -33,6 +34,12 @@ from sluice.errors import RegistryError
 from sluice.storage import atomic
 from sluice.storage.lineage import TrainedOn, load_hashes, save_hashes
 from sluice.storage.locking import exclusive
+
+
+def lower_is_better(metric: str) -> bool:
+    """A loss (``val_loss``: a language model's loss per token) wins by being lower; any other
+    metric (``val_acc``) by being higher."""
+    return metric.endswith("loss")
 
 
 class ModelRecord(BaseModel):
@@ -167,7 +174,8 @@ class Registry:
 
     def promote_if_better(self, candidate: ModelRecord, margin: float = 0.0,
                           champion_value_now: float | None = None, graded_champion: str | None = None) -> Decision:
-        """Move the champion pointer to ``candidate`` iff it beats the champion by ``margin``.
+        """Move the champion pointer to ``candidate`` iff it beats the champion by ``margin``
+        (higher by more than it, or lower for a loss: ``lower_is_better``).
 
         Both must be measured on the same evaluation split. When the champion was evaluated on
         another split (say, an older dataset version), pass ``champion_value_now``: its metric
@@ -194,9 +202,14 @@ class Registry:
                     raise RegistryError(f"champion was measured by {champ.metric} on {champ.eval_split}, "
                                         f"the candidate by {candidate.metric} on {candidate.eval_split}: "
                                         "re-evaluate the champion the candidate's way")
-                better = candidate.value > cv + margin
-                reason = (f"{candidate.metric} {candidate.value:.4f} {'>' if better else '<='} champion "
-                          f"{cv:.4f} + margin {margin:.4f}")
+                if lower_is_better(candidate.metric):
+                    better = candidate.value < cv - margin
+                    reason = (f"{candidate.metric} {candidate.value:.4f} {'<' if better else '>='} champion "
+                              f"{cv:.4f} - margin {margin:.4f}")
+                else:
+                    better = candidate.value > cv + margin
+                    reason = (f"{candidate.metric} {candidate.value:.4f} {'>' if better else '<='} champion "
+                              f"{cv:.4f} + margin {margin:.4f}")
                 decision = Decision(promoted=better, reason=reason, candidate=candidate.model_id,
                                     champion_before=champ.model_id, champion_value=cv,
                                     candidate_value=candidate.value)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.errors import ConfigError
 from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize
-from sluice.stages.load.specs import ArtifactData
+from sluice.stages.load.mixture import MixtureConfig
+from sluice.stages.load.specs import ArtifactData, TokensData
+from sluice.stages.load.tokens import TokenLoaderConfig
+from sluice.stages.run.text import TextPipelineConfig, check_model_fits, sources_with
 from sluice.stages.select import SELECTION_METHODS, SelectionConfig, candidate_size_for
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
@@ -46,3 +50,25 @@ def assemble_job(train: TrainConfig, loader: LoaderConfig, augment: AugmentSpec,
                                       "progress": False})
     return TrainJob(config=config, data=ArtifactData(root=data["root"], loader=train_loader),
                     eval_data=ArtifactData(root=data["root"], loader=eval_loader), selection=spec)
+
+
+def assemble_token_job(train: TrainConfig, text: TextPipelineConfig, eval_split: str,
+                       data: dict[str, Any]) -> TrainJob:
+    """The job for a set of token artifacts (``data``: ``stages/run/text.prepare_text``): packed
+    rows of the weighted mixture of the sources' train splits, evaluated on every document of
+    their ``eval_split`` once (at the longest row length trained on), with the vocabulary of
+    their shared tokenizer. No selection: token rows have no per-sample table yet."""
+    check_model_fits(train.model_kwargs, text)
+    trained, graded = sources_with(data, "train"), sources_with(data, eval_split)
+    if not trained or not graded:
+        raise ConfigError(f"no text source holds a {'train' if not trained else eval_split} document")
+    mix = MixtureConfig(sources=[{"path": s["root"], "name": s["name"], "weight": s["weight"]} for s in trained],
+                        epoch_size=text.epoch_size, seed=train.seed)
+    train_loader = TokenLoaderConfig(split="train", seq_len=text.seq_len, batch_size=train.batch_size,
+                                     seq_len_schedule=text.seq_len_schedule, mixture=mix, seed=train.seed,
+                                     prefetch=text.prefetch)
+    once = MixtureConfig(sources=[{"path": s["root"], "name": s["name"], "repeat": 1.0} for s in graded])
+    eval_loader = TokenLoaderConfig(split=eval_split, seq_len=text.eval_seq_len(), batch_size=text.eval_batch_size,
+                                    mixture=once, prefetch=0)
+    config = train.model_copy(update={"num_classes": data["vocab_size"], "progress": False})
+    return TrainJob(config=config, data=TokensData(loader=train_loader), eval_data=TokensData(loader=eval_loader))

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from sluice.errors import GradedOnTrainingData
-from sluice.stages.train.evaluate import evaluate_checkpoint
-from sluice.storage.lineage import ensure_unseen, split_key_hashes
+from sluice.stages.train.evaluate import evaluate_checkpoint, token_checkpoint_pass
+from sluice.storage.lineage import ensure_unseen, key_hashes, overlap, split_key_hashes
 from sluice.storage.registry import ModelRecord, Registry
+from sluice.storage.tokens import open_token_split
 
 
 def trained_splits(needs_il: bool) -> list[str]:
@@ -64,3 +65,38 @@ def champion_lineage(reg: Registry, champ: ModelRecord, datasets_dir: str | os.P
             f"{root} is gone, so nothing proves it unseen on tonight's split. Re-register it, or "
             "promote by hand after checking.")
     return split_key_hashes(root, splits), f"{splits} of version {champ.dataset_fingerprint[:16]} (re-read)"
+
+
+# ------------------------------------------------------------------ text: token artifacts
+
+def token_key_hashes(sources: list[dict[str, Any]], splits: list[str]) -> np.ndarray:
+    """The key hashes of every document in ``splits`` of each source's version, each key named
+    by its source (``<name>/<key>``: two sources may both have a document ``0``)."""
+    keys: list[str] = []
+    for s in sources:
+        for split in splits:
+            if s["counts"].get(split, 0):
+                keys += [f"{s['name']}/{k}" for k in open_token_split(s["root"], split).keys]
+    return key_hashes(keys)
+
+
+def token_lineage(data: dict[str, Any]) -> tuple[str, list[str], np.ndarray]:
+    """(fingerprint, splits, key hashes) a language model trained on ``data``'s train splits learnt from."""
+    return data["fingerprint"], ["train"], token_key_hashes(data["sources"], ["train"])
+
+
+def grade_tokens(checkpoint: str | os.PathLike, name: str, trained: np.ndarray, trained_where: str,
+                 data: dict[str, Any], split: str, graded: np.ndarray, *, seq_len: int,
+                 batch_size: int) -> dict[str, Any]:
+    """``checkpoint``'s loss per token on every document of ``split`` of the sources that hold
+    one, after proving it trained on none of them (``graded``: their key hashes)."""
+    n = overlap(trained, graded)
+    if n:
+        raise GradedOnTrainingData(
+            f"refusing to grade model {name} on {split!r} of the text sources: it trained on {n} of that "
+            f"split's {graded.size} documents ({trained_where}), so its loss there would be deflated. This "
+            "happens when the split rule changed (text.shard.seed, val_fraction, holdout_fraction or "
+            "test_fraction) or a source was renamed onto another's documents; keep the old rule.")
+    sources = [(s["name"], s["root"]) for s in data["sources"] if s["counts"].get(split, 0)]
+    return {**token_checkpoint_pass(checkpoint, sources, split, seq_len=seq_len, batch_size=batch_size),
+            "unseen_checked": int(graded.size)}

@@ -92,6 +92,9 @@ def plan_warm_start(warm: WarmStartConfig, reg: Registry, job: TrainJob, il_path
     """The warm run for ``job`` (None and why when it starts from scratch)."""
     if warm.init == "scratch":
         return None, "warm.init is scratch"
+    if job.data.kind != "artifact":  # e.g. a language model's token rows
+        return _refuse(warm, f"warm starts are planned over an image artifact's samples, and tonight's "
+                             f"data is {job.data.kind} (token rows have no per-document subset to train on yet)")
     champ = reg.champion()
     if champ is None:
         return _refuse(warm, "there is no champion yet")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,9 @@ from sluice.stages.models import build_model
 from sluice.stages.pixels import channels_last
 from sluice.stages.train.dist import DistContext
 from sluice.stages.train.initial_weights import trained_weights
-from sluice.stages.train.tasks import Task
+from sluice.stages.load.mixture import MixtureConfig
+from sluice.stages.load.tokens import TokenLoader, TokenLoaderConfig
+from sluice.stages.train.tasks import Task, TokenTask
 from sluice.storage.checkpoint import load_checkpoint
 
 def predict(model: torch.nn.Module, x: torch.Tensor, tta: str = "none") -> torch.Tensor:
@@ -152,3 +154,34 @@ def per_sample_losses(checkpoint: str | os.PathLike, artifact: str | os.PathLike
     a replay policy weighs old samples by."""
     return checkpoint_pass(checkpoint, artifact, split, indices, batch_size=batch_size, backend=backend,
                            device=device).losses
+
+
+@torch.no_grad()
+def token_checkpoint_pass(checkpoint: str | os.PathLike, sources: Sequence[tuple[str, str | os.PathLike]],
+                          split: str = "val", *, seq_len: int, batch_size: int = 16,
+                          device: str | torch.device = "auto") -> dict[str, Any]:
+    """A language model's loss per token (and next-token accuracy) over every document of
+    ``split`` of each ``(name, token artifact)`` once, overall and per source, in fp32 on
+    ``device``: what promotion by validation loss compares. The rows are a pure function of the
+    sources, ``seq_len`` and ``batch_size`` (the mixture ``repeat: 1`` in a fixed order), so two
+    checkpoints graded with the same arguments are graded on the very same rows."""
+    dev = scoring_device(device)
+    model, _ = model_from_checkpoint(checkpoint, device=dev)
+    if getattr(model, "task", "classify") != "language_model":
+        raise TypeError(f"{checkpoint} holds a {type(model).__name__}, not a language model")
+    mix = MixtureConfig(sources=[{"path": str(root), "name": name, "repeat": 1.0} for name, root in sources])
+    loader = TokenLoader(config=TokenLoaderConfig(split=split, seq_len=seq_len, batch_size=batch_size,
+                                                  mixture=mix, prefetch=0))
+    task = TokenTask(None, dev)  # it reads only the device
+    tot = torch.zeros(3, dtype=torch.float64, device=dev)
+    by_source = torch.zeros(2, len(sources), dtype=torch.float64, device=dev)
+    for batch in loader:
+        x, y, _ = task.prep(batch)
+        out = model(x).float()
+        tot += task.eval_sums(out, y).to(torch.float64)
+        by_source += task.source_sums(out, y, batch)
+    n = max(tot[2].item(), 1.0)
+    sums, counts = by_source.tolist()
+    return {"loss": tot[1].item() / n, "acc": tot[0].item() / n, "n": int(tot[2].item()), "seq_len": seq_len,
+            "loss_by_source": {name: s / c for (name, _), s, c in zip(sources, sums, counts) if c},
+            "tokens_by_source": {name: int(c) for (name, _), c in zip(sources, counts)}}
