@@ -631,9 +631,8 @@ class _StopAtTarget:
 
 
 class _TimedEval:
-    """The eval loader, made afresh for every evaluation (a finished ``TokenLoader`` at epoch 0
-    moves on to epoch 1 when evaluated again: ``set_epoch(0)`` does not rewind it), noting when
-    each evaluation's pass ends."""
+    """The eval loader, made afresh for every evaluation (an equal footing with the plain loop's
+    evaluation, which reads the same rows each time), noting when each evaluation's pass ends."""
 
     def __init__(self, make: Callable[[], Any]):
         self.make, self.loader, self.ends = make, make(), []
