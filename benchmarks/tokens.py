@@ -598,15 +598,9 @@ class _Reached(Exception):
     pass
 
 
-class _StopAtTarget:
-    """The trainer's loaders, wrapped so the run ends at the first evaluation at or under the
-    target (the trainer has no such stop): the eval loader notes when each evaluation's pass
-    ends; the train loader reads the trainer's metrics file before its next batch."""
-
-    def __init__(self, loader: Any, ev: "_TimedEval", metrics: Path, target: float | None,
-                 to_bpb: Callable[[dict], float]):
-        self.loader, self.ev, self.metrics, self.target, self.to_bpb = loader, ev, metrics, target, to_bpb
-        self.seen = 0
+class _Wrapped:
+    """A loader that passes the trainer's loader contract through to ``self.loader``."""
+    loader: Any
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -619,6 +613,17 @@ class _StopAtTarget:
 
     def load_state_dict(self, s: dict) -> None:
         self.loader.load_state_dict(s)
+
+
+class _StopAtTarget(_Wrapped):
+    """The trainer's loaders, wrapped so the run ends at the first evaluation at or under the
+    target (the trainer has no such stop): the eval loader notes when each evaluation's pass
+    ends; the train loader reads the trainer's metrics file before its next batch."""
+
+    def __init__(self, loader: Any, ev: "_TimedEval", metrics: Path, target: float | None,
+                 to_bpb: Callable[[dict], float]):
+        self.loader, self.ev, self.metrics, self.target, self.to_bpb = loader, ev, metrics, target, to_bpb
+        self.seen = 0
 
     def __iter__(self) -> Iterator[Any]:
         for b in self.loader:
@@ -630,24 +635,12 @@ class _StopAtTarget:
             yield b
 
 
-class _TimedEval:
+class _TimedEval(_Wrapped):
     """The eval loader, made afresh for every evaluation (an equal footing with the plain loop's
     evaluation, which reads the same rows each time), noting when each evaluation's pass ends."""
 
     def __init__(self, make: Callable[[], Any]):
         self.make, self.loader, self.ends = make, make(), []
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def set_epoch(self, e: int) -> None:
-        self.loader.set_epoch(e)
-
-    def state_dict(self) -> dict:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, s: dict) -> None:
-        self.loader.load_state_dict(s)
 
     def __iter__(self) -> Iterator[Any]:
         self.loader = self.make()

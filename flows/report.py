@@ -12,16 +12,24 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 Points = Sequence[tuple[float, float]]
 
 
-def read_curves(metrics_path: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(step, training loss) and (step, evaluation accuracy) from rank 0's ``metrics.jsonl``;
-    a step logged twice (a retried run appends) keeps its last value."""
+class Curves(NamedTuple):
+    """What the report charts, from rank 0's ``metrics.jsonl``: (step, value) points."""
+    loss: list[tuple[int, float]]  # training loss
+    acc: list[tuple[int, float]]  # evaluation accuracy
+    eval_loss: list[tuple[int, float]]  # evaluation loss (a language model's, per token)
+
+
+def read_curves(metrics_path: str | Path) -> Curves:
+    """The report's curves, read once; a step logged twice (a retried run appends) keeps its last
+    value."""
     loss: dict[int, float] = {}
     acc: dict[int, float] = {}
+    eval_loss: dict[int, float] = {}
     p = Path(metrics_path)
     if p.exists():
         for line in p.read_text().splitlines():
@@ -30,10 +38,14 @@ def read_curves(metrics_path: str | Path) -> tuple[list[tuple[int, float]], list
             except json.JSONDecodeError:
                 continue  # a line cut short by a crash
             if "eval" in rec:
-                acc[int(rec["eval"]["step"])] = float(rec["eval"]["acc"])
+                e, step = rec["eval"], int(rec["eval"]["step"])
+                if "acc" in e:
+                    acc[step] = float(e["acc"])
+                if "loss" in e:
+                    eval_loss[step] = float(e["loss"])
             elif "loss" in rec and "step" in rec:
                 loss[int(rec["step"])] = float(rec["loss"])
-    return sorted(loss.items()), sorted(acc.items())
+    return Curves(sorted(loss.items()), sorted(acc.items()), sorted(eval_loss.items()))
 
 
 def chart_svg(series: dict[str, Points], title: str, y_label: str, *,
@@ -204,29 +216,14 @@ def _loss_promotion(p: dict[str, Any]) -> list[str]:
     return lines
 
 
-def read_eval_losses(metrics_path: str | Path) -> list[tuple[int, float]]:
-    """(step, evaluation loss) from rank 0's ``metrics.jsonl`` (a language model's, per token)."""
-    loss: dict[int, float] = {}
-    p = Path(metrics_path)
-    if p.exists():
-        for line in p.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "eval" in rec and "loss" in rec["eval"]:
-                loss[int(rec["eval"]["step"])] = float(rec["eval"]["loss"])
-    return sorted(loss.items())
-
-
 def report_markdown(summary: dict[str, Any], metrics_path: str | Path) -> str:
     """The whole report: the summary and both charts (training loss, evaluation accuracy)."""
-    loss, acc = read_curves(metrics_path)
+    loss, acc, eval_loss = read_curves(metrics_path)
     if str(summary.get("promotion", {}).get("metric", "")).endswith("loss"):  # a language model
         return markdown_summary({**summary, "charts": {
             "training loss": data_uri(chart_svg({"train loss": loss}, "training loss", "loss per token",
                                                 y_limits=(0.0, math.inf))),
-            "evaluation loss": data_uri(chart_svg({"eval loss": read_eval_losses(metrics_path)}, "evaluation loss",
+            "evaluation loss": data_uri(chart_svg({"eval loss": eval_loss}, "evaluation loss",
                                                   "loss per token", y_limits=(0.0, math.inf),
                                                   empty="no evaluation recorded"))}})
     charts = {

