@@ -120,6 +120,26 @@ def test_document_boundaries_positions_and_sources():
         assert (a["input_ids"][r, :n][last] == EOT).all()
 
 
+def test_doc_keys_name_each_tokens_document_over_all_sources():
+    ld = loader(seq_len=24, batch_size=5, doc_keys=True)
+    st = ld.stream()
+    key = ld.doc_key_base[st.src] + st.doc  # each stream document's key
+    ref_key = np.repeat(key, st.lens)
+    assert ld.n_doc_keys == sum(len(s.offsets) - 1 for s in SOURCES)
+    starts = np.array([0, 7, 24 * 9 + 3, len(ref_key) - 10, -1])
+    a = ld.rows(starts, 24)
+    for r, s0 in enumerate(starts):
+        if s0 < 0:
+            assert (a["doc_keys"][r] == -1).all()
+            continue
+        n = min(24, len(ref_key) - 1 - s0)
+        assert (a["doc_keys"][r, :n] == ref_key[s0:s0 + n]).all()
+        assert (a["doc_keys"][r, n:] == -1).all()
+    batch = next(iter(ld))
+    assert batch.doc_keys.shape == batch.input_ids.shape and batch.doc_keys.dtype == torch.int64
+    assert next(iter(loader())).doc_keys is None  # only on request
+
+
 def test_cross_document_targets_can_be_ignored():
     ld = loader(seq_len=32, batch_size=4, ignore_cross_document=True)
     b = next(iter(ld))

@@ -29,6 +29,8 @@ Batches (``TokenBatch``): ``input_ids`` and ``targets`` int64 (B, L); ``segment_
 (B, L), the document's number within the row (0, 1, ...; -1 for padding): attend only where
 equal; ``position_ids`` int64 (B, L), the token's position within its document's part of the row;
 ``sources`` int16 (B, L), the mixture source of each token (-1 for padding: per-source losses);
+``doc_keys`` int64 (B, L) on request (``doc_keys=True``): each token's document as one key over all
+sources (``doc_key_base[source] + index``; -1 for padding), for selection by document.
 ``sample_ids`` int64 (B,), the row's start in the epoch's stream (-1 for a padding row): with
 (epoch, L) it names the row's tokens exactly. Unpacked, a batch is ``(input_ids, targets,
 sample_ids)``: the loop's ``(inputs, labels, indices)``. ``cu_seqlens()`` gives flash-attention's
@@ -120,6 +122,8 @@ class TokenLoaderConfig(BaseModel):
                                         "(the end-of-text token's) become ignore_index")
     ignore_index: int = -100
     prefetch: int = Field(2, ge=0, description="batches made ahead in a helper thread; 0: none")
+    doc_keys: bool = Field(False, description="batches carry doc_keys: each input token's document as "
+                           "one key over all sources (selection by document)")
 
 
 @dataclasses.dataclass
@@ -133,6 +137,7 @@ class TokenBatch:
     sample_ids: torch.Tensor
     source_tokens: np.ndarray  # input tokens per mixture source (metrics)
     seq_len: int
+    doc_keys: torch.Tensor | None = None  # (B, L) int64 with config.doc_keys: see doc_key_base
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter((self.input_ids, self.targets, self.sample_ids))
@@ -209,9 +214,12 @@ def build_stream(plan: MixturePlan, epoch: int, offsets: Sequence[np.ndarray]) -
 
 
 def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[np.ndarray], eot: int,
-              ignore_cross: bool = False, ignore_index: int = -100) -> dict[str, np.ndarray]:
+              ignore_cross: bool = False, ignore_index: int = -100,
+              doc_base: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Rows of ``L`` inputs (and targets) from the stream at ``starts`` (-1: a padding row),
-    vectorised over the documents each row touches: no Python per row or token."""
+    vectorised over the documents each row touches: no Python per row or token. With
+    ``doc_base`` (each source's first key), also ``doc_keys``: each input token's document as
+    ``doc_base[source] + its index in the source`` (-1 for padding)."""
     m, W = len(starts), L + 1
     T = stream.total
     s = np.where(starts >= 0, starts, T).astype(np.int64)
@@ -247,16 +255,20 @@ def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[
                 vals[sel] = tk[np.minimum(fidx[sel], max(len(tk) - 1, 0))] if len(tk) else eot
     vals[is_eot] = eot
     seg_tok = np.repeat((doc - k0[row]).astype(np.int32), plen)
+    key_tok = None if doc_base is None else np.repeat(doc_base[srcp] + stream.doc[doc], plen)
     full = n == m * W
     buf = np.empty((m, W), np.int64)
     seg = np.empty((m, W), np.int32)
     pos = np.empty((m, W), np.int64)
     srcs = np.empty((m, W), np.int16)
+    keys = None if key_tok is None else np.empty((m, W), np.int64)
     if full:
         buf.reshape(-1)[:] = vals
         seg.reshape(-1)[:] = seg_tok
         pos.reshape(-1)[:] = rel
         srcs.reshape(-1)[:] = tok_src
+        if keys is not None:
+            keys.reshape(-1)[:] = key_tok
     else:  # short or padding rows: scatter what there is, pad the rest
         slot = np.repeat(row * W + (lo - s[row]), plen) + rel
         buf.fill(eot)
@@ -267,6 +279,9 @@ def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[
         seg.reshape(-1)[slot] = seg_tok
         pos.reshape(-1)[slot] = rel
         srcs.reshape(-1)[slot] = tok_src
+        if keys is not None:
+            keys.fill(-1)
+            keys.reshape(-1)[slot] = key_tok
     targets = buf[:, 1:].copy()
     if ignore_cross:
         targets[seg[:, 1:] != seg[:, :-1]] = ignore_index
@@ -275,12 +290,17 @@ def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[
         # the stream's last token sits in an input slot but is only a target: padding as an input
         last = np.arange(W)[None, :] >= (e - s - 1)[:, None]
         seg[last], srcs[last], pos[last] = -1, -1, 0
+        if keys is not None:
+            keys[last] = -1
     # input tokens per source (pieces clipped to the row's first L slots and the epoch's inputs)
     inp = np.clip(np.minimum(np.minimum(hi, s[row] + L), T - 1) - lo, 0, None)
     per_src = np.bincount(srcp, weights=inp, minlength=len(tokens)).astype(np.int64)
-    return {"input_ids": buf[:, :L], "targets": targets, "segment_ids": seg[:, :L],
-            "position_ids": pos[:, :L], "sources": srcs[:, :L],
-            "sample_ids": np.where(starts >= 0, starts, -1).astype(np.int64), "source_tokens": per_src}
+    out = {"input_ids": buf[:, :L], "targets": targets, "segment_ids": seg[:, :L],
+           "position_ids": pos[:, :L], "sources": srcs[:, :L],
+           "sample_ids": np.where(starts >= 0, starts, -1).astype(np.int64), "source_tokens": per_src}
+    if keys is not None:
+        out["doc_keys"] = keys[:, :L]
+    return out
 
 
 def open_token_sources(config: TokenLoaderConfig) -> list[TokenSource]:
@@ -322,6 +342,9 @@ class TokenLoader:
                 raise LoaderError(f"token source {mix.names[k]!r}: offsets must rise from 0 to its "
                                   f"{len(self.tokens[k])} tokens")
         self.plan = MixturePlan(mix, [len(o) - 1 for o in self.offsets])
+        n_docs = np.array([len(o) - 1 for o in self.offsets], np.int64)
+        self.doc_key_base = np.concatenate([[0], np.cumsum(n_docs)[:-1]]).astype(np.int64)
+        self.n_doc_keys = int(n_docs.sum())  # keys run 0 .. n_doc_keys - 1
         self.epoch = 0
         self.position = 0  # tokens of this epoch consumed (global)
         self.step = 0  # global steps handed out since the run began
@@ -409,7 +432,7 @@ class TokenLoader:
     def _batch(self, stream: EpochStream, st: Step) -> TokenBatch:
         cfg = self.config
         a = pack_rows(stream, st.starts, st.seq_len, self.tokens, self.eot, cfg.ignore_cross_document,
-                      cfg.ignore_index)
+                      cfg.ignore_index, self.doc_key_base if cfg.doc_keys else None)
         t = {k: torch.from_numpy(v) for k, v in a.items() if k != "source_tokens"}
         return TokenBatch(**t, source_tokens=a["source_tokens"], seq_len=st.seq_len)
 
@@ -417,7 +440,8 @@ class TokenLoader:
     def rows(self, starts: np.ndarray, seq_len: int, epoch: int | None = None) -> dict[str, np.ndarray]:
         """The rows at ``starts`` of an epoch's stream, as numpy (what a batch holds)."""
         return pack_rows(self.stream(epoch), np.asarray(starts, np.int64), seq_len, self.tokens, self.eot,
-                         self.config.ignore_cross_document, self.config.ignore_index)
+                         self.config.ignore_cross_document, self.config.ignore_index,
+                         self.doc_key_base if self.config.doc_keys else None)
 
     def documents(self, start: int, length: int, epoch: int | None = None) -> list[dict[str, int]]:
         """The documents a row covers: source, index in its source, and its stream span (selection
