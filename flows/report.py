@@ -106,6 +106,10 @@ def _f(v: Any, fmt: str = ".4f") -> str:
     return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
 
 
+def _n(v: Any) -> str:
+    return f"{v:,}" if isinstance(v, int) else "n/a"
+
+
 def markdown_summary(s: dict[str, Any]) -> str:
     """The run summary a person reads in the Prefect UI."""
     d = s.get("dataset", {})
@@ -200,10 +204,19 @@ def _loss_promotion(p: dict[str, Any]) -> list[str]:
              f"- champion before: {p.get('champion_before') or 'none'}"
              + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
              f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}",
-             "", f"| source | candidate {p['metric']} | champion {p['metric']} |", "|---|---|---|"]
+             "", f"| source | weight | tokens trained | candidate {p['metric']} | champion {p['metric']} |",
+             "|---|---|---|---|---|"]
     for name, v in p.get("loss_by_source", {}).items():
-        lines.append(f"| {name} | {_f(v.get('candidate'))} | {_f(v.get('champion'))} |")
-    lines.append(f"| **all** | {_f(p.get('candidate_value'))} | {_f(p.get('champion_value'))} |")
+        lines.append(f"| {name} | {_f(v.get('weight'), '.3g')} | {_n(v.get('trained_tokens'))} | "
+                     f"{_f(v.get('candidate'))} | {_f(v.get('champion'))} |")
+    lines.append(f"| **all** | | | {_f(p.get('candidate_value'))} | {_f(p.get('champion_value'))} |")
+    mix = p.get("mixture") or {}
+    if mix.get("changed"):  # the weights a night trains on are recorded with its model
+        lines += ["", "- mixture weights changed since the champion: " + ", ".join(
+            f"{k} {_f(mix['champion_weights'].get(k), '.3g')} → {_f(w, '.3g')}" for k, w in mix["weights"].items()
+            if mix["champion_weights"].get(k) != w)
+            + "".join(f", {k} {_f(w, '.3g')} → dropped" for k, w in mix["champion_weights"].items()
+                      if k not in mix["weights"])]
     u = p.get("unseen")
     if u:
         lines += ["", f"- graded on unseen documents only: the candidate trained on {u['candidate_trained_samples']} "

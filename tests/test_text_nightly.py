@@ -31,7 +31,8 @@ for night in json.loads(sys.argv[1]):
     r = fl.nightly(PipelineConfig.model_validate(night["config"]))
     p = r["promotion"]
     print("RESULT " + json.dumps({"promotion": {k: p[k] for k in ("model_id", "promoted", "reason", "metric",
-        "candidate_value", "champion_value", "champion_before", "loss_by_source", "unseen", "eval", "warm")},
+        "candidate_value", "champion_value", "champion_before", "loss_by_source", "unseen", "eval", "warm",
+        "mixture")}, "served_by_source": r["train"]["summary"].get("served_by_source"),
         "dataset": r["dataset"], "run_dir": r["run_dir"], "gc": r.get("gc")}), flush=True)
 """
 
@@ -62,9 +63,9 @@ def write_jsonl(path: Path, n: int) -> None:
     path.write_text("".join(json.dumps({"id": f"e{i}", "text": _doc(rng, f"entry {i}")}) + "\n" for i in range(n)))
 
 
-def config(data: Path, sources: dict[str, Path], steps: int, **promotion) -> dict:
+def config(data: Path, sources: dict[str, Path], steps: int, weights: dict | None = None, **promotion) -> dict:
     return {"recipe": "text", "data_root": str(data), "nproc": 1, "keep_versions": 3,
-            "text": {"sources": [{"name": name, "source": str(path), "weight": 1.0}
+            "text": {"sources": [{"name": name, "source": str(path), "weight": (weights or {}).get(name, 1.0)}
                                  for name, path in sources.items()],
                      "shard": {"tokenizer": "byte", "val_fraction": 0.25, "progress": False},
                      "seq_len": 32, "eval_batch_size": 8, "prefetch": 0},
@@ -93,7 +94,7 @@ def test_text_nights_promote_by_validation_loss(tmp_path):
     first, second, third = nights([
         {"config": config(data, src, steps=3)},
         {"config": config(data, src, steps=60), "grow": [str(src["entries"]), 70]},
-        {"config": config(data, src, steps=2)}])
+        {"config": config(data, src, steps=2, weights={"notes": 2.0})}])
 
     # Night 1: three steps of training. Nothing to beat: promoted; the val loss of each source kept.
     p1 = first["promotion"]
@@ -110,6 +111,14 @@ def test_text_nights_promote_by_validation_loss(tmp_path):
     assert rec1.metric == "val_loss" and rec1.value == pytest.approx(p1["candidate_value"])
     assert set(rec1.metrics["val"]["loss_by_source"]) == {"notes", "entries", "quotes"}
     assert reg.history()[0]["model_id"] == p1["model_id"]  # the first champion
+    # what each source gave training: its weight, and the input tokens it served over all ranks
+    served = first["served_by_source"]
+    assert served["unit"] == "tokens" and served["served"] == {k: v["trained_tokens"] for k, v in
+                                                              p1["loss_by_source"].items()}
+    assert sum(served["served"].values()) == 3 * 8 * 32  # 3 steps of 8 full rows of 32 tokens
+    assert {k: v["weight"] for k, v in p1["loss_by_source"].items()} == {"notes": 1.0, "entries": 1.0, "quotes": 1.0}
+    assert p1["mixture"] == {"weights": {"notes": 1.0, "entries": 1.0, "quotes": 1.0},
+                             "champion_weights": None, "changed": False}
 
     # Night 2: the .jsonl grew; 60 steps. The champion is re-graded on the grown val split (none of
     # which it trained on) and the candidate's lower loss wins.
@@ -130,8 +139,13 @@ def test_text_nights_promote_by_validation_loss(tmp_path):
     from sluice.stages.run.grading import token_key_hashes
     assert overlap(reg.trained_hashes(rec1), token_key_hashes(d2["sources"], ["val"])) == 0
 
-    # Night 3: the same data, 2 steps: a worse loss than the champion's, refused, reason recorded.
+    assert not p2["mixture"]["changed"]
+    # Night 3: the same data, 2 steps, notes weighted twice as much: a worse loss than the
+    # champion's, refused, reason recorded; the weight change recorded with the candidate.
     p3 = third["promotion"]
+    assert p3["mixture"]["changed"] and p3["mixture"]["weights"]["notes"] == 2.0
+    assert p3["mixture"]["champion_weights"]["notes"] == 1.0
+    assert reg.get(p3["model_id"]).metrics["data"]["weights"]["notes"] == 2.0
     assert third["dataset"]["reused"] and p3["champion_before"] == p2["model_id"]
     assert p3["unseen"]["champion_samples_checked"] is None  # the same split: the champion's recorded value
     assert p3["champion_value"] == pytest.approx(p2["candidate_value"])
@@ -149,9 +163,14 @@ def test_the_text_report_shows_val_loss_per_source():
                            "train": {}, "promotion": {
                                "metric": "val_loss", "candidate_value": 2.5, "champion_value": 2.75,
                                "eval_split": "val", "promoted": True, "reason": "val_loss 2.5000 < champion",
-                               "loss_by_source": {"gcide": {"candidate": 2.25, "champion": 2.5}}}})
+                               "loss_by_source": {"gcide": {"candidate": 2.25, "champion": 2.5, "weight": 0.5,
+                                                            "trained_tokens": 12345}},
+                               "mixture": {"weights": {"gcide": 0.5}, "champion_weights": {"gcide": 0.25,
+                                                                                           "old": 1.0},
+                                           "changed": True}}})
     assert "candidate val_loss **2.5000** per token" in md
-    assert "| gcide | 2.2500 | 2.5000 |" in md and "| **all** | 2.5000 | 2.7500 |" in md
+    assert "| gcide | 0.5 | 12,345 | 2.2500 | 2.5000 |" in md and "| **all** | | | 2.5000 | 2.7500 |" in md
+    assert "mixture weights changed since the champion: gcide 0.25 → 0.5, old 1 → dropped" in md
     assert "source `gcide`" in md and "candidate accuracy" not in md
 
 

@@ -121,20 +121,27 @@ def evaluate_and_promote_tokens(promotion: PromotionConfig, registry_dir: str | 
                                       data, split, graded, **how)
             now, champ_checked = champ_eval["loss"], champ_eval["unseen_checked"]
     sources = {s["name"]: s["fingerprint"] for s in data["sources"]}
+    weights = {s["name"]: s["weight"] for s in data["sources"]}
     rec = reg.register(Candidate(trained["checkpoint"], dataset_fingerprint=data["fingerprint"], eval_split=eval_split,
                                  metric=metric, value=cand["loss"],
                                  metrics={split: cand, reported: report, **trained["summary"],
                                           **({"champion_" + split: champ_eval} if champ_eval else {}),
                                           "data": {"modality": "tokens", "tokenizer_sha256": data["tokenizer_sha256"],
-                                                   "sources": sources}},
+                                                   "sources": sources, "weights": weights}},
                                  config=config, run=run, trained_on=lineage))
     decision = reg.promote_if_better(rec, margin=promotion.margin, champion_value_now=now,
                                      graded_champion=champ.model_id if now is not None else None)
     unseen = {"candidate_trained_on": lineage[1], "candidate_trained_samples": int(lineage[2].size),
               "samples_checked": cand["unseen_checked"], "champion_samples_checked": champ_checked}
     champ_by_source = (champ_eval or {}).get("loss_by_source", {})
-    by_source = {name: {"candidate": loss, "champion": champ_by_source.get(name)}
-                 for name, loss in cand["loss_by_source"].items()}
+    served = (trained["summary"].get("served_by_source") or {}).get("served", {})
+    by_source = {name: {"candidate": cand["loss_by_source"].get(name), "champion": champ_by_source.get(name),
+                        "weight": weights.get(name), "trained_tokens": served.get(name)}
+                 for name in dict.fromkeys([*weights, *cand["loss_by_source"]])}
+    champ_weights = ((champ.metrics.get("data") or {}).get("weights") if champ is not None else None)
+    mixture = {"weights": weights, "champion_weights": champ_weights,
+               "changed": champ_weights is not None and champ_weights != weights}
     return {"model_id": rec.model_id, **decision.model_dump(), "metric": metric, "eval": cand, "report": report,
-            "eval_split": split, "report_split": reported, "loss_by_source": by_source, "unseen": unseen,
+            "eval_split": split, "report_split": reported, "loss_by_source": by_source, "mixture": mixture,
+            "unseen": unseen,
             "warm": trained.get("warm") or {}, "wall_s": time.perf_counter() - t0}

@@ -187,6 +187,22 @@ def corrupt_skipped(loader: ResumableLoader, d: DistContext) -> int:
     return int(n.item())
 
 
+def served_by_source(loader: ResumableLoader, d: DistContext) -> dict[str, Any] | None:
+    """What a mixture loader served each source over the run, summed over ranks (collective), with
+    the mixture changes it recorded: None for a loader without sources (``served_by_source()``
+    returning ``{"unit", "served": {name: count on this rank}, "changes"}``)."""
+    fn = getattr(loader, "served_by_source", None)
+    if not callable(fn):
+        return None
+    mine = fn()
+    names = list(mine["served"])
+    n = d.tensor([float(mine["served"][k]) for k in names])
+    if d.on:
+        dist.all_reduce(n)
+    return {"unit": mine["unit"], "served": {k: int(v) for k, v in zip(names, n.tolist())},
+            "changes": list(mine.get("changes", []))}
+
+
 def run_line(parts: Components, loader: ResumableLoader) -> str:
     """What the run resolved, in the one line the banner prints ("cuda: 1 × H100, bf16, 1 rank x 16
     threads, 64 per rank, loader on cuda:0"; on CPUs "avx2: fp32, 2 ranks x 1 thread, 64 per rank")."""
@@ -230,6 +246,9 @@ def summarize(parts: Components, state: RunState, records: list[dict[str, Any]],
                              "choice": getattr(loader, "backend_reason", None),
                              **{k: v for k, v in bottleneck().items() if k in ("verdict", "summary")},
                              "corrupt_skipped": corrupt_skipped(loader, d)}  # every rank's, summed
+    by_source = served_by_source(loader, d)
+    if by_source is not None:
+        summary["served_by_source"] = by_source
     start = getattr(parts.hook, "compresses_from", None)
     if start is not None:  # a hook that starts compressing later: its compressed phase only
         late = [m["bytes_comm"] for m in ms if m["step"] >= start]
