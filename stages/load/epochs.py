@@ -13,6 +13,10 @@ global batch takes the rest, split over the ranks as evenly as strides allow (si
 at most one). So the samples of that epoch seen before and after the resize are exactly those
 of the uninterrupted run — none twice, none skipped. The epochs after it use the new world
 size's own order and cut. Resizing more than once inside an epoch works the same way.
+
+An epoch's length is one number for every epoch (``n``: one split's sampler), or, for a loader
+whose epochs differ in length (a mixture whose weights changed between runs: ``image_mixture``),
+``length(epoch)``; a saved position carries its epoch's end, so it resumes either way.
 """
 from __future__ import annotations
 
@@ -58,13 +62,15 @@ class EpochCursor:
     ``order_for(epoch, global_batch)`` is the sampler's global order of an epoch (the same on
     every rank); ``n`` its length; ``drop_last`` leaves out a last per-rank batch shorter than
     ``batch``; ``mode`` is the partition rule for an order that does not divide by the world.
+    ``length(epoch)``, where given, is each epoch's own length (``n`` is then epoch 0's).
     """
 
     def __init__(self, order_for: Callable[[int, int], np.ndarray], n: int, *, rank: int,
-                 world: int, batch: int, drop_last: bool, mode: Partition = "pad"):
+                 world: int, batch: int, drop_last: bool, mode: Partition = "pad",
+                 length: Callable[[int], int] | None = None):
         if not 0 <= rank < world:
             raise LoaderError(f"rank {rank} is outside world size {world}")
-        self.order_for, self.n = order_for, n
+        self.order_for, self.n, self._length = order_for, n, length
         self.rank, self.world, self.batch = rank, world, batch
         self.drop_last, self.mode = drop_last, mode
         self.epoch = 0
@@ -76,8 +82,15 @@ class EpochCursor:
     def global_batch(self) -> int:
         return self.batch * self.world
 
+    def epoch_length(self, epoch: int | None = None) -> int:
+        """Samples in an epoch's global order (before padding or cutting to the world size)."""
+        if self._length is None:
+            return self.n
+        return int(self._length(self.epoch if epoch is None else epoch))
+
     def _per_rank(self) -> int:
-        return -(-self.n // self.world) if self.mode == "pad" else self.n // self.world
+        n = self.epoch_length()
+        return -(-n // self.world) if self.mode == "pad" else n // self.world
 
     def _fresh_batches(self) -> int:
         per = self._per_rank()
@@ -112,6 +125,10 @@ class EpochCursor:
 
     def advance(self) -> None:
         self.next_batch += 1
+
+    def restart(self, epoch: int) -> None:
+        """Go to the first batch of ``epoch``, cut for this world size (whatever was carried)."""
+        self.epoch, self.next_batch, self._carried = int(epoch), 0, None
 
     def consumed(self) -> int:
         c = self.carried()

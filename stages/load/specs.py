@@ -5,7 +5,9 @@ launched) and again where it is read; it names data, never code.
 * ``artifact``: a dataset artifact and a ``LoaderConfig`` (the ``Loader``); the config's
   ``batch_size`` is the per-rank batch;
 * ``arrays``: an ``.npz`` or ``fashion-mnist:<split>`` held in memory (the ``ArrayLoader``);
-* ``tokens``: token artifacts, one or a weighted mixture, packed into rows (the ``TokenLoader``).
+* ``tokens``: token artifacts, one or a weighted mixture, packed into rows (the ``TokenLoader``);
+* ``image_mixture``: a weighted mixture of image artifacts, ``mixture.sources: [{path, weight}]``
+  (the ``MixtureLoader``, ``image_mixture.py``); ``loader`` as for ``artifact``.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load.arrays import ArrayLoader, named_arrays
 from sluice.stages.load.config import LoaderConfig
+from sluice.stages.load.image_mixture import MixtureLoader
 from sluice.stages.load.loader import Loader
+from sluice.stages.load.mixture import MixtureConfig
 from sluice.stages.load.tokens import TokenLoader, TokenLoaderConfig
 
 
@@ -70,4 +74,17 @@ class TokensData(BaseModel):
         return TokenLoader(None, self.loader, rank=rank, world_size=world_size)
 
 
-DataSpec = Annotated[Union[ArtifactData, ArraysData, TokensData], Field(discriminator="kind")]
+class ImageMixtureData(BaseModel):
+    """A split of several image artifacts mixed by weight (or ``repeat``/``choose``), loaded by
+    ``MixtureLoader``: ``mixture.sources: [{path, weight}]``, the rest of the loader as ``artifact``'s."""
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["image_mixture"] = "image_mixture"
+    mixture: MixtureConfig
+    loader: LoaderConfig = Field(default_factory=LoaderConfig)
+
+    def build(self, *, rank: int, world_size: int, seed: int, train: bool,
+              batch_size: int | None = None, device: torch.device | None = None) -> ResumableLoader:
+        return MixtureLoader(self.mixture, self.loader, rank=rank, world_size=world_size, device=device)
+
+
+DataSpec = Annotated[Union[ArtifactData, ArraysData, TokensData, ImageMixtureData], Field(discriminator="kind")]
