@@ -7,12 +7,14 @@
 Modules: ``loader`` (the ``Loader``, a pipeline of the parts below), ``config``
 (``LoaderConfig``); the parts: ``order`` (sampler and cursor; ``samplers``, ``epochs``),
 ``backends/`` (read and decode, one file per backend; ``choice`` picks one, ``remote`` fetches
-a remote artifact's shards ahead), ``finish_batches`` (decode on the device, transfer and augmentation; ``augment/``, one
-file per op; ``device_decode`` decodes JPEG batches there with ``decode: device``; ``canvas``,
-the batches of bytes or of mixed sizes a backend may hand over), ``prefetch`` (batches made ahead in a thread); ``profile`` (where the time went,
-and the verdict). Also ``sample_index`` and ``decode`` (random access to stored samples),
+a remote artifact's shards ahead), ``finish_batches`` (decode on the device, transfer and
+augmentation; ``augment/``, one file per op; ``device_decode`` decodes JPEG batches there with
+``decode: device``; ``canvas``, the batches of bytes or of mixed sizes a backend may hand over),
+``prefetch`` (batches made ahead in a thread); ``profile`` (where the time went, and the verdict). Also ``sample_index`` and ``decode`` (random access to stored samples),
 ``arrays`` (``ArrayLoader`` over numpy arrays, ``split_arrays``) and ``specs`` (typed data specs
-for processes that build their own loader). Importing this package imports neither Prefect nor
+for processes that build their own loader). Several sources: ``mixture`` (a weighted mixture's
+counts, draws and order), ``image_mixture`` (``MixtureLoader``: image artifacts mixed by weight)
+and ``tokens`` (``TokenLoader``: packed rows of token artifacts, one or a mixture). Importing this package imports neither Prefect nor
 FFCV nor DALI.
 """
 from sluice.stages.load.arrays import ArrayLoader, split_arrays
