@@ -11,7 +11,8 @@ import torch
 from sluice.errors import LoaderError
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load.mixture import MixtureConfig
-from sluice.stages.load.tokens import ArrayTokens, SeqLenSchedule, TokenLoader, source_losses
+from sluice.stages.load import token_rows
+from sluice.stages.load.tokens import ArrayTokens, SeqLenSchedule, TokenLoader, pack_rows, source_losses
 
 EOT = 0
 
@@ -152,6 +153,113 @@ def test_cross_document_targets_can_be_ignored():
         assert (b.targets[r].numpy()[cross] == -100).all()
         assert (b.targets[r].numpy()[~cross] == ref[s0 + 1:s0 + 33][~cross]).all()
     assert crossings > 0
+
+
+# ------------------------------------------------------------------ pack_rows against a plain reference
+def plain_rows(ld: TokenLoader, starts, L: int, ignore_cross: bool) -> dict[str, np.ndarray]:
+    """What pack_rows returns, token by token in plain Python from the stream: a row at s holds
+    inputs stream[s:s+L] and targets stream[s+1:s+L+1] (end-of-text / -100 past the epoch);
+    the per-token fields cover the inputs but the epoch's last token (only a target)."""
+    st = ld.stream()
+    toks, doc = reference(ld)[0].tolist(), np.repeat(np.arange(len(st.src)), st.lens).tolist()
+    src, key = np.repeat(st.src, st.lens).tolist(), np.repeat(ld.doc_key_base[st.src] + st.doc, st.lens).tolist()
+    T, m = len(toks), len(starts)
+    out = {"input_ids": np.full((m, L), EOT), "targets": np.full((m, L), -100),
+           "segment_ids": np.full((m, L), -1), "position_ids": np.zeros((m, L)), "sources": np.full((m, L), -1),
+           "doc_keys": np.full((m, L), -1), "sample_ids": np.array([max(s, -1) for s in starts]),
+           "source_tokens": np.zeros(len(ld.tokens))}
+    for r, s in enumerate(starts):
+        if s < 0:
+            continue
+        n = min(s + L + 1, T) - s  # stream tokens in the row's L + 1 slots
+        for j in range(min(n, L)):
+            out["input_ids"][r, j] = toks[s + j]
+            if j + 1 < n:
+                cross = ignore_cross and doc[s + j + 1] != doc[s + j]
+                out["targets"][r, j] = -100 if cross else toks[s + j + 1]
+        run = 0
+        for j in range(min(n - 1, L)):
+            run = j if j == 0 or doc[s + j] != doc[s + j - 1] else run
+            out["segment_ids"][r, j] = doc[s + j] - doc[s]
+            out["position_ids"][r, j] = j - run
+            out["sources"][r, j], out["doc_keys"][r, j] = src[s + j], key[s + j]
+            out["source_tokens"][src[s + j]] += 1
+    return out
+
+
+DTYPES = {"input_ids": np.int64, "targets": np.int64, "segment_ids": np.int32, "position_ids": np.int64,
+          "sources": np.int16, "doc_keys": np.int64, "sample_ids": np.int64, "source_tokens": np.int64}
+
+
+def random_loader(rng) -> TokenLoader:
+    """1-3 sources of documents from empty to longer than a row, uint16 or uint32, sometimes a
+    source whose documents are all empty (no tokens at all)."""
+    srcs = []
+    for k in range(int(rng.integers(1, 4))):
+        top = int(rng.choice([3, 30, 400]))
+        lens = rng.integers(0, top + 1, int(rng.integers(1, 25))) * (rng.random() > 0.1)
+        docs = [rng.integers(1, 999, n) for n in lens]
+        srcs.append(ArrayTokens.from_documents(docs, EOT, 1000, dtype=rng.choice([np.uint16, np.uint32])))
+    return TokenLoader(srcs, seq_len=8, mixture=None, seed=int(rng.integers(0, 99)), prefetch=0)
+
+
+def random_starts(rng, T: int, L: int) -> list[np.ndarray]:
+    """Consecutive rows (as on one rank), strided (several ranks), anywhere, and the epoch's
+    tail: its last short row and padding rows."""
+    m = int(rng.integers(1, 7))
+    last = max(T - 1, 1)
+    out = [int(rng.integers(0, last)) + np.arange(m) * L * w for w in (1, 1, int(rng.integers(2, 4)))]
+    out.append(rng.integers(-1, last, m))
+    out.append(np.array([last - 1 - int(rng.integers(0, 2 * L)) - j * L for j in range(m)]))
+    return [np.where((s >= last) | (s < 0), -1, s).astype(np.int64) for s in out]
+
+
+@pytest.mark.parametrize("path", ["index", "slices", "indexed_minor"])
+def test_pack_rows_matches_a_plain_reference(path, monkeypatch):
+    """Every field of every case, bit for bit (dtype, shape, values), on each gather path."""
+    if path == "slices":
+        monkeypatch.setattr(token_rows, "SLICE_PIECES", 1)
+    if path == "indexed_minor":
+        monkeypatch.setattr(token_rows, "SLICE_FEW", 0)
+    rng = np.random.default_rng(["index", "slices", "indexed_minor"].index(path))
+    checked = 0
+    for _ in range(25):
+        ld = random_loader(rng)
+        st = ld.stream()
+        for L in rng.choice([1, 5, 16, 64], 2, replace=False).tolist():
+            for starts in random_starts(rng, st.total, L):
+                for cross in (False, True):
+                    want = plain_rows(ld, starts.tolist(), L, cross)
+                    for fields in (token_rows.ROW_FIELDS, (), ("position_ids",)):
+                        for base in (None, ld.doc_key_base):
+                            got = pack_rows(st, starts, L, ld.tokens, EOT, cross, -100, base, fields)
+                            keys = {"input_ids", "targets", "sample_ids", "source_tokens", *fields}
+                            assert set(got) == keys | ({"doc_keys"} if base is not None else set())
+                            for k, v in got.items():
+                                assert v.dtype == DTYPES[k] and v.shape == want[k].shape, k
+                                assert np.array_equal(v, want[k]), (k, starts, L, cross, fields)
+                            checked += 1
+    assert checked > 1000
+
+
+def test_batches_carry_the_fields_asked_for():
+    """``fields`` lists the per-token fields a batch carries (default: all three); none gives
+    nanoGPT's batch, whose inputs and targets may be one buffer seen one token apart."""
+    full = next(iter(loader(seq_len=24, batch_size=3)))
+    lean = next(iter(loader(seq_len=24, batch_size=3, fields=[])))
+    assert all(getattr(full, f) is not None for f in ("segment_ids", "position_ids", "sources"))
+    assert lean.segment_ids is None and lean.position_ids is None and lean.sources is None
+    assert torch.equal(full.input_ids, lean.input_ids) and torch.equal(full.targets, lean.targets)
+    assert torch.equal(lean.targets[:, :-1], lean.input_ids[:, 1:])
+    assert (full.source_tokens == lean.source_tokens).all()
+    with pytest.raises(LoaderError, match="segment_ids"):
+        lean.cu_seqlens()
+    only = next(iter(loader(fields=["sources"])))
+    assert only.sources is not None and only.segment_ids is None
+    with pytest.raises(ValueError, match="twice"):
+        loader(fields=["sources", "sources"])
+    with pytest.raises(ValueError):
+        loader(fields=["tokens"])
 
 
 def test_cu_seqlens_follow_the_segments():

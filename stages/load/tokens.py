@@ -25,12 +25,14 @@ L rises from ``start`` to ``end`` over ``warmup_tokens`` (tokens trained, the sa
 size) or ``warmup_steps`` (global steps this loader handed out), rounded down to a multiple of
 ``step``. Early rows are re-packed shorter rather than truncated, so no token is wasted.
 
-Batches (``TokenBatch``): ``input_ids`` and ``targets`` int64 (B, L); ``segment_ids`` int32
-(B, L), the document's number within the row (0, 1, ...; -1 for padding): attend only where
-equal; ``position_ids`` int64 (B, L), the token's position within its document's part of the row;
-``sources`` int16 (B, L), the mixture source of each token (-1 for padding: per-source losses);
-``doc_keys`` int64 (B, L) on request (``doc_keys=True``): each token's document as one key over all
-sources (``doc_key_base[source] + index``; -1 for padding), for selection by document.
+Batches (``TokenBatch``): ``input_ids`` and ``targets`` int64 (B, L), and the per-token fields
+the config lists in ``fields`` (by default all three; ``[]``: nanoGPT's batch, the fastest):
+``segment_ids`` int32 (B, L), the document's number within the row (0, 1, ...; -1 for padding):
+attend only where equal; ``position_ids`` int64 (B, L), the token's position within its
+document's part of the row; ``sources`` int16 (B, L), the mixture source of each token (-1 for
+padding: per-source losses). ``doc_keys`` int64 (B, L) on request (``doc_keys=True``): each
+token's document as one key over all sources (``doc_key_base[source] + index``; -1 for padding),
+for selection by document. Packing itself is ``token_rows``.
 ``sample_ids`` int64 (B,), the row's start in the epoch's stream (-1 for a padding row): with
 (epoch, L) it names the row's tokens exactly. Unpacked, a batch is ``(input_ids, targets,
 sample_ids)``: the loop's ``(inputs, labels, indices)``. ``cu_seqlens()`` gives flash-attention's
@@ -50,6 +52,7 @@ from sluice.errors import LoaderError
 from sluice.stages.load.mixture import MixtureConfig, MixturePlan
 from sluice.stages.load.prefetch import prefetched
 from sluice.stages.load.timings import Timings
+from sluice.stages.load.token_rows import ROW_FIELDS, EpochStream, build_stream, pack_rows
 from sluice.storage.tokens import open_token_split
 
 
@@ -124,19 +127,33 @@ class TokenLoaderConfig(BaseModel):
     prefetch: int = Field(2, ge=0, description="batches made ahead in a helper thread; 0: none")
     doc_keys: bool = Field(False, description="batches carry doc_keys: each input token's document as "
                            "one key over all sources (selection by document)")
+    fields: list[Literal["segment_ids", "position_ids", "sources"]] = Field(
+        default_factory=lambda: list(ROW_FIELDS),
+        description="the per-token fields batches carry besides input_ids and targets (each costs a "
+                    "pass or two over the batch): segment_ids and position_ids keep a packed "
+                    "document's attention and positions its own (the gpt model uses them when "
+                    "present), sources gives per-source losses; [] gives nanoGPT's batch")
+
+    @model_validator(mode="after")
+    def _unique_fields(self) -> "TokenLoaderConfig":
+        if len(set(self.fields)) != len(self.fields):
+            raise ValueError(f"fields lists a field twice: {self.fields}")
+        return self
 
 
 @dataclasses.dataclass
 class TokenBatch:
-    """One rank's rows of a step (see the module docstring for each field)."""
+    """One rank's rows of a step (see the module docstring for each field). The per-token fields
+    are None unless the config asks for them (``fields``, ``doc_keys``). ``input_ids`` and
+    ``targets`` may share memory (the targets the inputs shifted by one): copy before writing."""
     input_ids: torch.Tensor
     targets: torch.Tensor
-    segment_ids: torch.Tensor
-    position_ids: torch.Tensor
-    sources: torch.Tensor
     sample_ids: torch.Tensor
     source_tokens: np.ndarray  # input tokens per mixture source (metrics)
     seq_len: int
+    segment_ids: torch.Tensor | None = None  # (B, L) int32 with "segment_ids" in config.fields
+    position_ids: torch.Tensor | None = None  # (B, L) int64 with "position_ids" in config.fields
+    sources: torch.Tensor | None = None  # (B, L) int16 with "sources" in config.fields
     doc_keys: torch.Tensor | None = None  # (B, L) int64 with config.doc_keys: see doc_key_base
 
     def __iter__(self) -> Iterator[torch.Tensor]:
@@ -146,6 +163,8 @@ class TokenBatch:
         """int32 boundaries of the documents (and padding runs) over the flattened (B × L)
         inputs, for varlen attention (flash-attention's ``cu_seqlens``)."""
         seg = self.segment_ids
+        if seg is None:
+            raise LoaderError("cu_seqlens needs segment_ids: list them in the loader's fields")
         B, L = seg.shape
         change = torch.ones_like(seg, dtype=torch.bool)
         change[:, 1:] = seg[:, 1:] != seg[:, :-1]
@@ -169,26 +188,6 @@ def source_losses(per_token: torch.Tensor, sources: torch.Tensor, n_sources: int
 
 
 @dataclasses.dataclass(frozen=True)
-class EpochStream:
-    """An epoch's packed stream as a table of documents in order (never the tokens)."""
-    epoch: int
-    src: np.ndarray  # source of each document in order
-    doc: np.ndarray  # index within its source
-    file_start: np.ndarray  # where its tokens start in its source's array
-    lens: np.ndarray  # tokens in the stream: its own + the end-of-text
-    cum: np.ndarray  # stream start of each document, and T at the end
-
-    @property
-    def total(self) -> int:
-        return int(self.cum[-1])
-
-    @property
-    def end(self) -> int:
-        """Input positions of the epoch: every token but the last (which is only a target)."""
-        return max(self.total - 1, 0)
-
-
-@dataclasses.dataclass(frozen=True)
 class Step:
     """One global step: where it begins, its row length, and this rank's row starts (-1: padding)."""
     epoch: int
@@ -196,111 +195,6 @@ class Step:
     seq_len: int
     advance: int
     starts: np.ndarray
-
-
-def build_stream(plan: MixturePlan, epoch: int, offsets: Sequence[np.ndarray]) -> EpochStream:
-    """The epoch's document table: the mixture's order, where each document lies, how long."""
-    src, doc = plan.order(epoch)
-    file_start = np.empty(len(src), np.int64)
-    lens = np.empty(len(src), np.int64)
-    for s, off in enumerate(offsets):
-        m = src == s
-        d = doc[m]
-        file_start[m] = off[d]
-        lens[m] = off[d + 1] - off[d] + 1
-    cum = np.zeros(len(src) + 1, np.int64)
-    np.cumsum(lens, out=cum[1:])
-    return EpochStream(epoch, src, doc, file_start, lens, cum)
-
-
-def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[np.ndarray], eot: int,
-              ignore_cross: bool = False, ignore_index: int = -100,
-              doc_base: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Rows of ``L`` inputs (and targets) from the stream at ``starts`` (-1: a padding row),
-    vectorised over the documents each row touches: no Python per row or token. With
-    ``doc_base`` (each source's first key), also ``doc_keys``: each input token's document as
-    ``doc_base[source] + its index in the source`` (-1 for padding)."""
-    m, W = len(starts), L + 1
-    T = stream.total
-    s = np.where(starts >= 0, starts, T).astype(np.int64)
-    e = np.minimum(s + W, T)
-    cum = stream.cum
-    k0 = np.searchsorted(cum, s, "right") - 1
-    k1 = np.searchsorted(cum, np.maximum(e - 1, 0), "right") - 1
-    npieces = np.where(e > s, k1 - k0 + 1, 0)  # a piece: one document's part of one row
-    P = int(npieces.sum())
-    first = np.cumsum(npieces) - npieces
-    row = np.repeat(np.arange(m), npieces)
-    doc = np.repeat(k0 - first, npieces) + np.arange(P)
-    lo = np.maximum(cum[doc], s[row])
-    hi = np.minimum(cum[doc + 1], e[row])
-    plen = hi - lo
-    n = int(plen.sum())
-    pstart = np.cumsum(plen) - plen
-    rel = np.arange(n) - np.repeat(pstart, plen)  # offset within the piece
-    within = np.repeat(lo - cum[doc], plen) + rel  # offset within the document's stream slot
-    is_eot = within == np.repeat(stream.lens[doc] - 1, plen)
-    fidx = np.repeat(stream.file_start[doc], plen) + within
-    srcp = stream.src[doc]
-    tok_src = np.repeat(srcp, plen)
-    if len(tokens) == 1:
-        t0 = tokens[0]
-        np.minimum(fidx, max(len(t0) - 1, 0), out=fidx)  # an EOT slot may point past the end
-        vals = t0[fidx] if len(t0) else np.full(n, eot, np.int64)
-    else:
-        vals = np.empty(n, np.int64)
-        for k, tk in enumerate(tokens):
-            sel = tok_src == k
-            if sel.any():
-                vals[sel] = tk[np.minimum(fidx[sel], max(len(tk) - 1, 0))] if len(tk) else eot
-    vals[is_eot] = eot
-    seg_tok = np.repeat((doc - k0[row]).astype(np.int32), plen)
-    key_tok = None if doc_base is None else np.repeat(doc_base[srcp] + stream.doc[doc], plen)
-    full = n == m * W
-    buf = np.empty((m, W), np.int64)
-    seg = np.empty((m, W), np.int32)
-    pos = np.empty((m, W), np.int64)
-    srcs = np.empty((m, W), np.int16)
-    keys = None if key_tok is None else np.empty((m, W), np.int64)
-    if full:
-        buf.reshape(-1)[:] = vals
-        seg.reshape(-1)[:] = seg_tok
-        pos.reshape(-1)[:] = rel
-        srcs.reshape(-1)[:] = tok_src
-        if keys is not None:
-            keys.reshape(-1)[:] = key_tok
-    else:  # short or padding rows: scatter what there is, pad the rest
-        slot = np.repeat(row * W + (lo - s[row]), plen) + rel
-        buf.fill(eot)
-        seg.fill(-1)
-        pos.fill(0)
-        srcs.fill(-1)
-        buf.reshape(-1)[slot] = vals
-        seg.reshape(-1)[slot] = seg_tok
-        pos.reshape(-1)[slot] = rel
-        srcs.reshape(-1)[slot] = tok_src
-        if keys is not None:
-            keys.fill(-1)
-            keys.reshape(-1)[slot] = key_tok
-    targets = buf[:, 1:].copy()
-    if ignore_cross:
-        targets[seg[:, 1:] != seg[:, :-1]] = ignore_index
-    if not full:
-        targets[seg[:, 1:] < 0] = ignore_index
-        # the stream's last token sits in an input slot but is only a target: padding as an input
-        last = np.arange(W)[None, :] >= (e - s - 1)[:, None]
-        seg[last], srcs[last], pos[last] = -1, -1, 0
-        if keys is not None:
-            keys[last] = -1
-    # input tokens per source (pieces clipped to the row's first L slots and the epoch's inputs)
-    inp = np.clip(np.minimum(np.minimum(hi, s[row] + L), T - 1) - lo, 0, None)
-    per_src = np.bincount(srcp, weights=inp, minlength=len(tokens)).astype(np.int64)
-    out = {"input_ids": buf[:, :L], "targets": targets, "segment_ids": seg[:, :L],
-           "position_ids": pos[:, :L], "sources": srcs[:, :L],
-           "sample_ids": np.where(starts >= 0, starts, -1).astype(np.int64), "source_tokens": per_src}
-    if keys is not None:
-        out["doc_keys"] = keys[:, :L]
-    return out
 
 
 def open_token_sources(config: TokenLoaderConfig) -> list[TokenSource]:
@@ -378,10 +272,11 @@ class TokenLoader:
             rest = end - position
             rows = min(B * W, -(-rest // L))
             per = -(-rows // W)
-            starts = position + np.arange(per * W, dtype=np.int64) * L
-            starts[rows:] = -1
+            r = self.rank  # its rows: r, r + W, ... of the step's per·W (those from ``rows`` on: padding)
+            starts = np.arange(position + r * L, position + (r + per * W) * L, W * L, dtype=np.int64)
+            starts[len(range(r, rows, W)):] = -1
             adv = min(B * W * L, rest)
-            yield Step(epoch, position, L, adv, np.ascontiguousarray(starts[self.rank::W]))
+            yield Step(epoch, position, L, adv, starts)
             position += adv
             step += 1
 
@@ -432,16 +327,17 @@ class TokenLoader:
     def _batch(self, stream: EpochStream, st: Step) -> TokenBatch:
         cfg = self.config
         a = pack_rows(stream, st.starts, st.seq_len, self.tokens, self.eot, cfg.ignore_cross_document,
-                      cfg.ignore_index, self.doc_key_base if cfg.doc_keys else None)
+                      cfg.ignore_index, self.doc_key_base if cfg.doc_keys else None, cfg.fields)
         t = {k: torch.from_numpy(v) for k, v in a.items() if k != "source_tokens"}
         return TokenBatch(**t, source_tokens=a["source_tokens"], seq_len=st.seq_len)
 
     # ------------------------------------------------------------------ inspection
     def rows(self, starts: np.ndarray, seq_len: int, epoch: int | None = None) -> dict[str, np.ndarray]:
         """The rows at ``starts`` of an epoch's stream, as numpy (what a batch holds)."""
+        cfg = self.config
         return pack_rows(self.stream(epoch), np.asarray(starts, np.int64), seq_len, self.tokens, self.eot,
-                         self.config.ignore_cross_document, self.config.ignore_index,
-                         self.doc_key_base if self.config.doc_keys else None)
+                         cfg.ignore_cross_document, cfg.ignore_index,
+                         self.doc_key_base if cfg.doc_keys else None, cfg.fields)
 
     def documents(self, start: int, length: int, epoch: int | None = None) -> list[dict[str, int]]:
         """The documents a row covers: source, index in its source, and its stream span (selection
@@ -495,3 +391,9 @@ class TokenLoader:
     def mixture_changes(self) -> list[dict[str, Any]]:
         """Each change of the mixture's counts: ``{"epoch", "old", "new"}`` (for the run report)."""
         return self.plan.changes
+
+    def served_by_source(self) -> dict[str, Any]:
+        """Input tokens this rank served per source over the run, and the mixture's recorded
+        changes (the trainer sums them over ranks into the run summary)."""
+        return {"unit": "tokens", "served": dict(zip(self.names, self.source_tokens.tolist())),
+                "changes": self.mixture_changes}
