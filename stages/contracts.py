@@ -149,7 +149,10 @@ class Selector(Protocol):
     every rank (loss tables, importance estimates; it may all-gather), with the losses left on
     the device: a loss that is NaN/inf (all of a step's, when any rank's loss was) must leave
     its entry unchanged, decided on the device, so the loop never waits to know; ``set_progress(fraction)`` before each selection with the fraction of
-    the budget done; ``state_dict()`` / ``load_state_dict()`` for the rank's checkpoint part.
+    the budget done; ``set_epoch(epoch)`` before each selection with the loop's epoch;
+    ``state_dict()`` / ``load_state_dict()`` for the rank's checkpoint part. On token rows
+    (``train.tasks.TokenTask``) indices are each token's document (``doc_keys``, (B, L), -1 where
+    the token counts for nothing) and ``observe`` gets (B, L) per-token losses.
     """
     def __call__(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
                  indices: torch.Tensor) -> SelectedBatch: ...

@@ -8,6 +8,11 @@ their version): the first source learns the tokenizer, the others take it by ``t
 (the first source's dataset root, so the path stays the same while that source grows), and every
 source is checked to hold that very tokenizer. What it returns is the "dataset" the rest of the
 pipeline reads: one fingerprint for the set of versions, the sources' versions, their counts.
+
+Selection on text (``token_selection_spec``): a packed row is no stable sample, so only a method
+keying its table by document selects rows (``infobatch``; ``select/infobatch_tokens.py``); its
+table holds every train document of the sources, and the ranks' token loaders then yield each
+token's document (``train/rank.py`` turns ``doc_keys`` on).
 """
 from __future__ import annotations
 
@@ -20,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sluice.errors import ArtifactError, ConfigError, SluiceError, SourceError
 from sluice.stages.data.text import TextShardConfig, shard_text
 from sluice.stages.load.tokens import SeqLenSchedule
+from sluice.stages.select.base import token_rows_refusal
+from sluice.stages.select.config import SelectionConfig
+from sluice.stages.select.spec import SelectionSpec
 from sluice.storage.fingerprint import combine
 from sluice.storage.tokens import open_token_split
 
@@ -131,3 +139,22 @@ def check_model_fits(model_kwargs: dict[str, Any], text: TextPipelineConfig) -> 
     if max_len is not None and max_len < text.eval_seq_len():
         raise ConfigError(f"train.model_kwargs.max_len={max_len} is shorter than the rows of "
                           f"{text.eval_seq_len()} tokens (text.seq_len / seq_len_schedule.end)")
+
+
+def check_token_selection(selection: SelectionConfig) -> None:
+    """A selection method that cannot select packed token rows, refused before anything runs."""
+    why = token_rows_refusal(selection.method)
+    if why:
+        raise ConfigError(why)
+
+
+def token_selection_spec(selection: SelectionConfig, batch_size: int, data: dict[str, Any]) -> SelectionSpec | None:
+    """The selection spec of a token job (None for ``none``): each rank's ``batch_size`` rows are
+    its candidates (InfoBatch prunes among them), and the table holds the documents of the
+    sources' train splits (``data``: ``prepare_text``'s), the token loader's ``n_doc_keys``, which
+    the rank checks again."""
+    if selection.method == "none":
+        return None
+    check_token_selection(selection)
+    return SelectionSpec(config=selection, candidate_size=batch_size, split_size=data["counts"]["train"],
+                         fingerprint=data["fingerprint"])

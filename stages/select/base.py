@@ -79,6 +79,7 @@ class BaseSelector:
     picks_subset: ClassVar[bool] = True   # trains n_b of the n_B candidates (ratio applies)
     needs_il: ClassVar[bool] = False      # refuses to build without irreducible-loss scores
     carries_table: ClassVar[bool] = False  # starts from SelectorContext.carried when given
+    token_rows: ClassVar[bool] = False    # selects packed token rows (``for_token_rows``)
     Params: ClassVar[type[MethodParams]] = MethodParams  # this method's knobs (selection.params)
 
     def __init__(self, config: "SelectionConfig", ctx: SelectorContext):
@@ -110,6 +111,14 @@ class BaseSelector:
     def __call__(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
                  indices: torch.Tensor) -> SelectedBatch:
         raise NotImplementedError
+
+    def for_token_rows(self) -> "BaseSelector":
+        """This method's selector for packed token rows (the language-model task asks before
+        training: its indices are each token's document, ``doc_keys`` (B, L), and it observes
+        per-token losses). A method that cannot select rows says why (``token_rows_refusal``);
+        infobatch's row form is made by ``select.infobatch_tokens.token_row_selector``."""
+        raise SelectionError(token_rows_refusal(self.config.method)
+                             or f"{self.config.method}: select.infobatch_tokens.token_row_selector makes its row form")
 
     def _n(self, n_candidates: int) -> int:
         n = self.config.n_select_for(n_candidates)
@@ -158,6 +167,24 @@ class BaseSelector:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+
+def token_rows_refusal(method: str) -> str | None:
+    """Why selection method ``method`` cannot select packed token rows (None: it can). A packed
+    row is no stable sample: the token loader re-packs the stream every epoch, so a row's index
+    names other tokens each epoch; only a method keying its table by document can follow it."""
+    if method == "none":
+        return None
+    cls = SELECTION_METHODS.get(method)
+    if cls.token_rows:
+        return None
+    why = ("it needs irreducible-loss scores per sample, from an IL model trained on a holdout of images"
+           if cls.needs_il else
+           "it scores or draws candidates as whole samples by their split index (a scoring pass with one "
+           "label per sample, or a per-sample table), and a packed token row is no stable sample: the "
+           "token loader re-packs every epoch")
+    return (f"selection method {method!r} cannot select packed token rows: {why}. On a language model "
+            "use infobatch (its table is keyed by document) or none")
 
 
 # ---------------------------------------------------------------- scoring and checks

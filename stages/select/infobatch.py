@@ -26,7 +26,7 @@ ranks' counts). How a pruning step skips samples is ``mode``:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -77,6 +77,10 @@ class InfoBatchSelector(BaseSelector):
     Params = InfoBatchParams
     picks_subset = False  # prunes from the candidate batch itself: no n_b, no ratio
     carries_table = True
+    token_rows = True  # keyed by document instead: ``select/infobatch_tokens.py``
+    # the threshold: the table's mean at each epoch's start (``set_epoch``), as the paper prunes
+    # once per epoch, instead of the mean at every gather (off here: image runs keep theirs)
+    epoch_threshold: ClassVar[bool] = False
 
     def __init__(self, config, ctx: SelectorContext):
         super().__init__(config, ctx)
@@ -93,7 +97,10 @@ class InfoBatchSelector(BaseSelector):
         self.progress = 0.0
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # observed, not yet gathered
         self._pending_calls = 0
-        self._mean, self._below = math.inf, 0.0  # read after each gather
+        self._mean, self._below = math.inf, 0.0  # the threshold in use and the share below it
+        self._table = (math.inf, 0.0)  # the table's own, read after each gather
+        self._epoch: int | None = None  # epoch_threshold: the epoch whose start ``_snap`` is from
+        self._snap: tuple[float, float] | None = None
         # mask mode: the draw's generator lives on the batch's device (made at its first draw;
         # a loaded state, with its device type, waits for it), and each draw's keep mask waits,
         # keyed by the indices tensor handed out, for the observe of that batch
@@ -132,6 +139,22 @@ class InfoBatchSelector(BaseSelector):
 
     def set_progress(self, fraction: float) -> None:
         self.progress = float(fraction)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loop's epoch, before each selection. With ``epoch_threshold`` the mean and the share
+        below it stay the table's at the epoch's start (its last gather before): a mean refreshed
+        at every gather mixes this epoch's fresh losses, lower as the model learns, with the stale
+        ones of the candidates not revisited yet, so late in an epoch few candidates fall below
+        it. Without it (the default) nothing changes."""
+        if self.epoch_threshold and epoch != self._epoch:  # an empty table: no candidate is below
+            self._epoch = epoch
+            self._snap = self._table if math.isfinite(self._table[0]) else (-math.inf, 0.0)
+            self._mean, self._below = self._snap
+
+    def _set_threshold(self, mean: float, below: float) -> None:
+        """The table's mean and share below it, just read; in use unless an epoch's start holds."""
+        self._table = (mean, below)
+        self._mean, self._below = self._snap if self._snap is not None else self._table
 
     def state_dict(self) -> dict:
         # CPU tensors: a checkpoint loads with weights_only, maybe on another device. This rank's
@@ -192,15 +215,14 @@ class InfoBatchSelector(BaseSelector):
             return self._keep_all(images, labels, indices)
         if self._mode(images) == "mask":
             return self._masked(images, labels, indices, target)
-        idx = check_indices(indices.detach(), self.n)
-        eligible = (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
+        eligible = self._eligible_positions(indices)
         # at least one eligible sample stays, so its weight (1 / keep rate) is finite
         n_drop = min(target, max(0, eligible.numel() - 1))
-        keep = torch.ones(n_cand, dtype=torch.bool, device=idx.device)
-        w = torch.ones(n_cand, dtype=torch.float32, device=idx.device)
+        keep = torch.ones(n_cand, dtype=torch.bool, device=eligible.device)
+        w = torch.ones(n_cand, dtype=torch.float32, device=eligible.device)
         if n_drop:
             perm = torch.randperm(eligible.numel(), generator=self.generator)[:n_drop]
-            keep[eligible[perm.to(idx.device)]] = False
+            keep[eligible[perm.to(eligible.device)]] = False
             w[eligible] = eligible.numel() / (eligible.numel() - n_drop)
         pos = keep.nonzero().squeeze(1)
         w = w[pos] * (pos.numel() / n_cand)
@@ -211,12 +233,18 @@ class InfoBatchSelector(BaseSelector):
         return SelectedBatch(images[dev_pos], labels[dev_pos], indices[dev_pos],
                              w.to(images.device) if n_drop else None, stats)
 
+    def _eligible_positions(self, indices: torch.Tensor) -> torch.Tensor:
+        """Drop mode: the positions of the candidates known and below the mean (read on the host;
+        an index outside the split raises now)."""
+        idx = check_indices(indices.detach(), self.n)
+        return (self.seen[idx] & (self.loss[idx] < self._mean)).nonzero().squeeze(1)
+
     def _masked(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor,
                 target: int) -> SelectedBatch:
         """Mask mode: the whole batch, ``n_drop`` eligible candidates drawn uniformly weighted 0,
         the eligible ones kept up-weighted; all on the device (nothing read). The draw: random
         keys for the eligible candidates, +inf for the rest; the ``n_drop`` lowest are dropped."""
-        n_cand, dev = indices.numel(), self.device
+        n_cand, dev = len(indices), self.device
         eligible = self._eligible(indices)
         count = eligible.sum()
         n_drop = (count - 1).clamp(min=0, max=target)  # at least one eligible sample stays
@@ -254,7 +282,7 @@ class InfoBatchSelector(BaseSelector):
         """The whole candidate batch; an index outside the split is flagged, raised at the gather."""
         idx = indices.detach()
         eligible = self._eligible(idx).sum(dtype=torch.float32)
-        stats = self._stats(indices, torch.arange(idx.numel(), device=idx.device), None)
+        stats = self._stats(indices, torch.arange(len(idx), device=idx.device), None)
         stats.update(ib_pruned=0.0, ib_eligible=eligible,
                      ib_mean_loss=self._mean if math.isfinite(self._mean) else 0.0)
         return SelectedBatch(images, labels, indices, None, stats)
@@ -311,4 +339,4 @@ class InfoBatchSelector(BaseSelector):
         if outside:
             raise SelectionError(f"a sample index outside the split of {self.n} samples reached "
                                  "infobatch: scores and loader disagree")
-        self._mean, self._below = mean, below / self.n
+        self._set_threshold(mean, below / self.n)

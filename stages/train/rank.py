@@ -94,8 +94,11 @@ def run_rank(job: TrainJob, out: Path, *, rank: int = 0, local_rank: int = 0, lo
     # a checkpoint of another world size: per-rank sizes so the global batch is kept
     train_job, scale = job_for_world(job, world)
     kw = dict(rank=rank, world_size=world, batch_size=cfg.batch_size, seed=cfg.seed, device=device)
+    data = train_job.data
+    if train_job.selection is not None and data.kind == "tokens":  # selection keys token rows by document
+        data = data.model_copy(update={"loader": data.loader.model_copy(update={"doc_keys": True})})
     try:
-        loader = train_job.data.build(train=True, **kw)
+        loader = data.build(train=True, **kw)
         ev = job.eval_data.build(train=False, **kw) if job.eval_data else None
         selector = train_job.selection.build() if train_job.selection else None
         return train(cfg, wrap_loader(loader) if wrap_loader else loader, ev, selector, batch_scale=scale)
@@ -130,6 +133,7 @@ def train(config: TrainConfig | dict[str, Any], loader: ResumableLoader,
     if len(loader) < 1:
         raise TrainError("the train loader yields no batches")
     parts = Components.build(cfg, d)
+    selector = parts.task.selector_for(selector, loader)  # token rows: infobatch by document, or refused
     state = RunState.start(cfg, len(loader), d.world)
     checkpointer = Checkpointer(parts, loader, selector, Fraction(batch_scale))
     checkpointer.load(state)

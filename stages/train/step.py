@@ -104,6 +104,9 @@ def micro_batch(parts: Components, state: RunState, batches: Iterator[Any], sele
         set_progress = getattr(selector, "set_progress", None)  # InfoBatch's annealing
         if set_progress is not None:
             set_progress(state.progress())
+        set_epoch = getattr(selector, "set_epoch", None)  # InfoBatch's threshold per epoch
+        if set_epoch is not None:
+            set_epoch(state.epoch)
         with autocast(cfg.amp, d.device):  # the scoring pass gets AMP's speed too
             sb = selector(parts.model, x, y, idx)
         sums.select_s += time.perf_counter() - ts
@@ -115,12 +118,12 @@ def micro_batch(parts: Components, state: RunState, batches: Iterator[Any], sele
     with sync:
         with autocast(cfg.amp, d.device):
             out = parts.fwd(x)
-        per = parts.task.per_sample(out, y, cfg.label_smoothing)
+        per, observed = parts.task.losses(out, y, cfg.label_smoothing)  # observed: per-token for rows
         loss = (per * w).mean() if w is not None else per.mean()
         loss = loss if len(per) else per.sum()  # an empty batch (loader.on_corrupt=skip): 0, not NaN
         parts.scaler.scale(loss / cfg.accum_steps).backward()
     if getattr(selector, "observe", None) is not None:
-        sums.trained.append((sb.indices, per.detach()))
+        sums.trained.append((sb.indices, observed.detach()))
     lv = loss.detach().to(torch.float64)
     finite = torch.isfinite(lv)
     sums.nonfinite = sums.nonfinite + (~finite).to(torch.float64)

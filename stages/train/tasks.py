@@ -2,7 +2,12 @@
 evaluation: ``classify`` (images → class logits: one loss per image, accuracy) or
 ``language_model`` (packed token rows → next-token logits: one loss per row, the mean over its
 tokens; evaluation in tokens). The model says which (a ``task`` attribute on its class; images by
-default), so the loop, the step and evaluation stay the same for both."""
+default), so the loop, the step and evaluation stay the same for both.
+
+Selection follows the task too (``selector_for``, ``losses``): an image selector keys samples by
+split index and observes per-image losses; on token rows the indices are each token's document
+(``doc_keys``, stable across epochs where a row is not) and a selector observes per-token losses,
+so only a method keying its table by document (``infobatch``) can select them."""
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -10,9 +15,10 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from sluice.errors import TrainError
+from sluice.errors import SelectionError, TrainError
 from sluice.stages.contracts import TokenInputs
 from sluice.stages.load.tokens import source_losses
+from sluice.stages.select.infobatch_tokens import token_row_selector
 from sluice.stages.models import MODELS
 from sluice.stages.pixels import channel_values, channels_last, normalize_uint8
 from sluice.stages.train.config import TrainConfig
@@ -28,6 +34,14 @@ class Task(Protocol):
 
     def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         """One float loss per sample (B,)."""
+
+    def losses(self, out: torch.Tensor, targets: torch.Tensor,
+               label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``per_sample``, what a selector observes, aligned to the indices ``prep`` gave), from
+        one loss computation."""
+
+    def selector_for(self, selector: Any, loader: Any) -> Any:
+        """The selector this task's batches can be handed to (or a clear refusal)."""
 
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """[correct, summed loss, count] of one evaluation batch, on the device."""
@@ -67,6 +81,16 @@ class ImageTask:
     def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         return F.cross_entropy(out.float(), targets, reduction="none", label_smoothing=label_smoothing)
 
+    def losses(self, out: torch.Tensor, targets: torch.Tensor,
+               label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """A selector observes the per-image losses themselves."""
+        per = self.per_sample(out, targets, label_smoothing)
+        return per, per
+
+    def selector_for(self, selector: Any, loader: Any) -> Any:
+        """Every selection method takes images as they are."""
+        return selector
+
     def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, None]:
         """Images come from one source: no per-source sums."""
         return self.eval_sums(out, targets), None
@@ -80,7 +104,8 @@ class ImageTask:
 class TokenTask:
     """Packed token rows (``stages/load/tokens.TokenBatch``, or ``(input_ids, targets,
     sample_ids)``): next-token cross-entropy, one loss per row (the mean over its counted tokens),
-    evaluated per token."""
+    evaluated per token. A batch with ``doc_keys`` (the loader's ``doc_keys=True``) gives them as
+    its indices, -1 where the target counts for nothing, for selection by document."""
     name = "language_model"
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
@@ -90,7 +115,8 @@ class TokenTask:
         nb = self.device.type == "cuda"
         if hasattr(batch, "input_ids"):
             x = TokenInputs(batch.input_ids, getattr(batch, "segment_ids", None), getattr(batch, "position_ids", None))
-            y, idx = batch.targets, batch.sample_ids
+            keys = getattr(batch, "doc_keys", None)
+            y, idx = batch.targets, batch.sample_ids if keys is None else keys
         else:
             try:
                 ids, y, idx = batch
@@ -99,8 +125,10 @@ class TokenTask:
             x = TokenInputs(ids)
         if x.input_ids.ndim != 2:
             raise TrainError(f"token inputs must be (rows, length), got {tuple(x.input_ids.shape)}")
-        return (x.to(self.device, non_blocking=nb), y.to(self.device, torch.int64, non_blocking=nb),
-                idx.to(self.device, torch.int64, non_blocking=nb))
+        y, idx = y.to(self.device, torch.int64, non_blocking=nb), idx.to(self.device, torch.int64, non_blocking=nb)
+        if idx.ndim == 2:  # documents: a token whose target is ignored counts for nothing
+            idx = torch.where(y == IGNORE, -1, idx)
+        return x.to(self.device, non_blocking=nb), y, idx
 
     def per_token(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         """(B, L) losses, 0 where the target is ignored."""
@@ -109,8 +137,33 @@ class TokenTask:
                                ignore_index=IGNORE, label_smoothing=label_smoothing).view(B, L)
 
     def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        return self.losses(out, targets, label_smoothing)[0]
+
+    def losses(self, out: torch.Tensor, targets: torch.Tensor,
+               label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(one loss per row, the (B, L) per-token losses a selector by document observes)."""
         counted = (targets != IGNORE).sum(1).clamp_min(1)
-        return self.per_token(out, targets, label_smoothing).sum(1) / counted
+        per_token = self.per_token(out, targets, label_smoothing)
+        return per_token.sum(1) / counted, per_token
+
+    def selector_for(self, selector: Any, loader: Any) -> Any:
+        """The selector's form for packed rows (``token_row_selector``: infobatch keyed by
+        document; another method refuses, saying why), checked against a token loader: it must
+        yield ``doc_keys`` and the table must hold its ``n_doc_keys`` documents. A selector of your
+        own (no ``for_token_rows``) gets the (B, L) document keys and per-token losses as they are."""
+        if getattr(selector, "for_token_rows", None) is None:
+            return selector
+        selector = token_row_selector(selector)
+        config = getattr(loader, "config", None)
+        if config is not None and getattr(config, "doc_keys", True) is False:
+            raise SelectionError(f"selection method {selector.config.method!r} on token rows keys documents: "
+                                 "build the token loader with doc_keys=True")
+        n_docs, table = getattr(loader, "n_doc_keys", None), getattr(selector, "n", None)
+        if n_docs is not None and table is not None and n_docs != table:
+            raise SelectionError(f"selection method {selector.config.method!r} keeps a table of {table} "
+                                 f"documents, the token loader has {n_docs}: build it with "
+                                 "split_size=loader.n_doc_keys")
+        return selector
 
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.eval_batch(out, targets, None)[0]
