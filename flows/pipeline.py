@@ -18,7 +18,7 @@ from sluice.stages.host import (describe, gpu_name, host_class, rank_device, ran
 from sluice.stages.load import AugmentSpec, LoaderConfig
 from sluice.stages.load.config import loader_device
 from sluice.stages.select import SelectionConfig
-from sluice.stages.select.base import SELECTION_METHODS
+from sluice.stages.select.base import SELECTION_METHODS, token_rows_refusal
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import wants_cuda
 from sluice.stages.models import MODELS
@@ -103,8 +103,9 @@ class PipelineConfig(BaseModel):
     @model_validator(mode="after")
     def _text_or_images(self) -> "PipelineConfig":
         """A language model trains on ``text``, an image model on ``prepare.ingest``; with text,
-        promotion is by the loss per token on a split the text shard config fills, no selection
-        method runs (token rows have no per-sample table yet) and no warm start is planned."""
+        promotion is by the loss per token on a split the text shard config fills, selection is
+        ``none`` or ``infobatch`` (by document: the others cannot select packed rows) and no warm
+        start is planned."""
         lm = getattr(MODELS.get(self.train.model), "task", "classify") == "language_model"
         if self.text is None:
             if lm:
@@ -113,9 +114,9 @@ class PipelineConfig(BaseModel):
             return self
         if not lm:
             raise ValueError(f"text is set, but train.model={self.train.model!r} is no language model (gpt is)")
-        if self.selection.method != "none":
-            raise ValueError(f"selection.method={self.selection.method!r}: selection on token rows is not "
-                             "supported yet (a row's identity changes with each epoch's packing); use none")
+        why = token_rows_refusal(self.selection.method)
+        if why:
+            raise ValueError(why)
         if self.warm.init == "champion":
             raise ValueError("warm.init=champion: warm starts are planned over an image artifact's samples; "
                              "a language model trains from scratch each night (warm.init: scratch or auto)")
@@ -203,6 +204,6 @@ def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None, v
     """The typed training job for this pipeline on dataset version ``data`` (stages/train/job.py).
     ``verified``: the flow checked the artifact already, so the ranks' loaders do not again."""
     if c.text is not None:  # data: stages/run/text.prepare_text's set of token artifacts
-        return assemble_token_job(c.train, c.text, c.promotion.report_split, data)
+        return assemble_token_job(c.train, c.text, c.promotion.report_split, data, c.selection)
     loader = c.loader.model_copy(update={"verify": "none"}) if verified else c.loader
     return assemble_job(c.train, loader, c.augment, c.selection, c.promotion.report_split, data, il_path)

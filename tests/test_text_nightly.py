@@ -195,7 +195,9 @@ def test_text_config_is_checked_before_anything_runs(tmp_path):
     c = PipelineConfig(recipe="text")
     assert c.text is not None and c.promotion.metric == "val_loss" and c.train.model == "gpt"
     assert PipelineConfig().text is None and PipelineConfig().promotion.metric == "val_acc"  # images unchanged
-    for bad, match in [({"selection": {"method": "infobatch"}}, "selection on token rows"),
+    assert PipelineConfig.model_validate({"recipe": "text", "selection": {"method": "infobatch"}}).selection.method \
+        == "infobatch"  # keyed by document: it follows packed rows
+    for bad, match in [({"selection": {"method": "selective_backprop"}}, "cannot select packed token rows"),
                        ({"promotion": {"report_split": "test"}}, "test_fraction is 0"),
                        ({"promotion": {"metric": "val_acc"}}, "val_loss"),
                        ({"warm": {"init": "champion"}}, "from scratch"),
@@ -205,6 +207,18 @@ def test_text_config_is_checked_before_anything_runs(tmp_path):
             PipelineConfig.model_validate({"recipe": "text", **bad})
     with pytest.raises(ValueError, match="language model"):
         PipelineConfig.model_validate({"train": {"model": "gpt"}})
+
+
+def test_a_text_job_with_infobatch_sizes_its_table_by_the_train_documents():
+    from sluice.flows.pipeline import PipelineConfig, training_job
+    data = {"fingerprint": "f" * 64, "vocab_size": 300, "counts": {"train": 12, "val": 3},
+            "sources": [{"name": "a", "root": "/a", "weight": 1.0, "counts": {"train": 5, "val": 3}},
+                        {"name": "b", "root": "/b", "weight": 2.0, "counts": {"train": 7, "val": 0}}]}
+    c = PipelineConfig.model_validate({"recipe": "text", "selection": {"method": "infobatch"}})
+    job = training_job(c, data, None)
+    assert job.selection.split_size == 12 and job.selection.candidate_size == c.train.batch_size
+    assert job.selection.config.method == "infobatch"
+    assert training_job(PipelineConfig(recipe="text"), data, None).selection is None  # the recipe's: none
 
 
 def test_a_champion_that_trained_on_a_val_document_is_never_graded(tmp_path):

@@ -11,7 +11,7 @@ from sluice.stages.load.augment import Normalize
 from sluice.stages.load.mixture import MixtureConfig
 from sluice.stages.load.specs import ArtifactData, TokensData
 from sluice.stages.load.tokens import TokenLoaderConfig
-from sluice.stages.run.text import TextPipelineConfig, check_model_fits, sources_with
+from sluice.stages.run.text import TextPipelineConfig, check_model_fits, sources_with, token_selection_spec
 from sluice.stages.select import SELECTION_METHODS, SelectionConfig, candidate_size_for
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
@@ -53,11 +53,12 @@ def assemble_job(train: TrainConfig, loader: LoaderConfig, augment: AugmentSpec,
 
 
 def assemble_token_job(train: TrainConfig, text: TextPipelineConfig, eval_split: str,
-                       data: dict[str, Any]) -> TrainJob:
+                       data: dict[str, Any], selection: SelectionConfig | None = None) -> TrainJob:
     """The job for a set of token artifacts (``data``: ``stages/run/text.prepare_text``): packed
     rows of the weighted mixture of the sources' train splits, evaluated on every document of
     their ``eval_split`` once (at the longest row length trained on), with the vocabulary of
-    their shared tokenizer. No selection: token rows have no per-sample table yet."""
+    their shared tokenizer. ``selection``: ``infobatch`` prunes rows by their documents' losses
+    (``stages/select/infobatch_tokens``); the other methods are refused on token rows."""
     check_model_fits(train.model_kwargs, text)
     trained, graded = sources_with(data, "train"), sources_with(data, eval_split)
     if not trained or not graded:
@@ -71,4 +72,6 @@ def assemble_token_job(train: TrainConfig, text: TextPipelineConfig, eval_split:
     eval_loader = TokenLoaderConfig(split=eval_split, seq_len=text.eval_seq_len(), batch_size=text.eval_batch_size,
                                     mixture=once, prefetch=0)
     config = train.model_copy(update={"num_classes": data["vocab_size"], "progress": False})
-    return TrainJob(config=config, data=TokensData(loader=train_loader), eval_data=TokensData(loader=eval_loader))
+    spec = token_selection_spec(selection, train.batch_size, data) if selection is not None else None
+    return TrainJob(config=config, data=TokensData(loader=train_loader), eval_data=TokensData(loader=eval_loader),
+                    selection=spec)
