@@ -338,3 +338,11 @@ def test_a_training_job_trains_on_an_image_mixture(arts, tmp_path):
     s2 = r2.summary["served_by_source"]
     assert s2["served"] == {"a": 48 + 10, "c": 32 + 30}
     assert [c["epoch"] for c in s2["changes"]] == [2]
+    # the evaluation reports each source's loss and accuracy; the counts weight them to the whole
+    ev = r2.evals[-1]
+    assert set(ev["loss_by_source"]) == set(ev["acc_by_source"]) == {"a", "c"}
+    loader = job2.eval_data.build(**build)
+    counts = loader.epoch_counts(0)
+    assert sum(counts.values()) == ev["n"]
+    assert sum(ev["loss_by_source"][k] * counts[k] for k in counts) / ev["n"] == pytest.approx(ev["loss"], rel=1e-4)
+    assert sum(ev["acc_by_source"][k] * counts[k] for k in counts) / ev["n"] == pytest.approx(ev["acc"], abs=1e-6)

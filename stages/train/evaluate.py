@@ -41,11 +41,12 @@ def evaluate(model: torch.nn.Module, loader: ResumableLoader, task: Task, amp: s
              d: DistContext, tta: str = "none") -> dict[str, float]:
     """Accuracy and mean loss over ``loader`` (each rank its shard, summed across ranks): per
     image, or per token for a language model (``n`` counts the same unit), and then also the
-    loss of each source of the loader's mixture (``loss_by_source``)."""
+    loss of each source of the loader's mixture (``loss_by_source``; for images also
+    ``acc_by_source``)."""
     was = model.training
     model.eval()
     tot = d.tensor([0.0, 0.0, 0.0])
-    by_source = None  # [summed loss, tokens] per mixture source
+    by_source = None  # [summed loss, count(, correct)] per mixture source
     loader.set_epoch(0)
     with autocast(amp, d.device):
         for batch in loader:
@@ -64,8 +65,10 @@ def evaluate(model: torch.nn.Module, loader: ResumableLoader, task: Task, amp: s
     out = {"acc": tot[0].item() / n, "loss": tot[1].item() / n, "n": int(tot[2].item())}
     if by_source is not None:
         names = list(getattr(loader, "names", [])) or [f"source{i}" for i in range(by_source.shape[1])]
-        sums, counts = by_source.tolist()
-        out["loss_by_source"] = {name: s / c for name, s, c in zip(names, sums, counts) if c}
+        rows = by_source.tolist()  # summed loss, count[, correct] per source
+        out["loss_by_source"] = {name: s / c for name, s, c in zip(names, rows[0], rows[1]) if c}
+        if len(rows) > 2:
+            out["acc_by_source"] = {name: r / c for name, r, c in zip(names, rows[2], rows[1]) if c}
     return out
 
 

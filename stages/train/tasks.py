@@ -91,9 +91,21 @@ class ImageTask:
         """Every selection method takes images as they are."""
         return selector
 
-    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, None]:
-        """Images come from one source: no per-source sums."""
-        return self.eval_sums(out, targets), None
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``eval_sums``, and for a mixture's batch (``image_mixture.MixtureBatch``: each image's
+        ``sources``) the (3, sources) summed loss, images and correct ones per source."""
+        sources, n = getattr(batch, "sources", None), len(getattr(batch, "source_samples", ()))
+        if sources is None or n < 1:
+            return self.eval_sums(out, targets), None
+        per = F.cross_entropy(out.float(), targets, reduction="none")
+        correct = out.argmax(1) == targets
+        sums = torch.stack([correct.sum().to(out.dtype), per.sum().to(out.dtype),
+                            torch.tensor(float(len(targets)), device=out.device, dtype=out.dtype)])
+        src = sources.to(out.device, non_blocking=out.device.type == "cuda")
+        loss_sum, count = source_losses(per.double(), src, n)
+        right = torch.zeros(n, dtype=torch.float64, device=out.device).index_add_(
+            0, src.clamp_min(0).long(), (correct & (src >= 0)).double())
+        return sums, torch.stack([loss_sum, count, right])
 
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return torch.stack([(out.argmax(1) == targets).sum().to(out.dtype),
