@@ -57,6 +57,39 @@ def test_epoch_size_defaults_to_the_sources_and_repeat_choose_are_absolute():
                         [7, 100, 3, 4]).tolist() == [11, 5, 6, 12]
 
 
+def test_weights_in_tokens_count_documents_by_their_sources_mean_length():
+    # a: 100 documents of 10 tokens; b: 10 documents of 100 tokens. Equal weights in tokens: 1,000
+    # tokens each of the default 2,000, so 100 of a's documents and 10 of b's (in samples: 55 / 55)
+    c = cfg({"weight": 1}, {"weight": 1}, weight_unit="tokens")
+    assert epoch_counts(c, [100, 10], [1000, 1000]).tolist() == [100, 10]
+    assert epoch_counts(cfg({"weight": 1}, {"weight": 1}), [100, 10], [1000, 1000]).tolist() == [55, 55]
+    # 3:1 of 800 tokens: quotas 600 and 200 -> 60 documents of a, 2 of b
+    c = cfg({"weight": 3}, {"weight": 1}, weight_unit="tokens", epoch_size=800)
+    assert epoch_counts(c, [100, 10], [1000, 1000]).tolist() == [60, 2]
+    # a quota past a source's tokens repeats its documents; half a document rounds up
+    c = cfg({"weight": 1}, {"weight": 1}, weight_unit="tokens", epoch_size=3000)
+    assert epoch_counts(c, [100, 10], [1000, 1000]).tolist() == [150, 15]
+    assert epoch_counts(cfg({"weight": 1}, {"weight": 1}, weight_unit="tokens", epoch_size=100),
+                        [100, 10], [1000, 1000]).tolist() == [5, 1]  # 50 tokens: half of b's one
+    with pytest.raises(LoaderError, match="only a token loader"):
+        epoch_counts(cfg({"weight": 1}, {"weight": 1}, weight_unit="tokens"), [100, 10])
+    with pytest.raises(ValidationError, match="weight_unit tokens applies to weights"):
+        cfg({"repeat": 1}, {"choose": 3}, weight_unit="tokens")
+
+
+def test_a_token_loader_draws_each_sources_share_of_tokens():
+    from sluice.stages.load.tokens import ArrayTokens, TokenLoader
+    short = ArrayTokens.from_documents([[1] * 4] * 300, eot=0, vocab_size=10)  # 300 x (4 + eot)
+    long = ArrayTokens.from_documents([[2] * 99] * 30, eot=0, vocab_size=10)  # 30 x (99 + eot)
+    mix = cfg({"weight": 1}, {"weight": 1}, weight_unit="tokens", epoch_size=2000)
+    ld = TokenLoader([short, long], seq_len=16, batch_size=4, mixture=mix, prefetch=0)
+    assert ld.plan.counts.tolist() == [200, 10]  # 1,000 tokens each
+    for _ in ld:
+        pass
+    # 1,000 tokens from each (the epoch's very last token is only a target: one source served 999)
+    assert sorted(ld.source_tokens.tolist()) == [999, 1000]
+
+
 @pytest.mark.parametrize("bad,match", [
     ([{"name": "a", "weight": 1, "repeat": 1}], "exactly one"),
     ([{"name": "a"}], "exactly one"),

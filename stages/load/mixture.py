@@ -9,7 +9,11 @@ to the sources with the largest fractional parts (ties to the earlier source) un
 epoch_size. Each ``c_i`` is ``floor(q_i)`` or ``ceil(q_i)``, and equals ``round(q_i)`` whenever
 the rounded quotas already sum to the epoch size. Quotas are computed in exact fractions, so no
 float rounding decides a count. Or every source has an absolute count: ``repeat: r`` gives
-``round(r × n_i)`` (half up), ``choose: k`` gives ``k``; the epoch is their sum.
+``round(r × n_i)`` (half up), ``choose: k`` gives ``k``; the epoch is their sum. Weights in
+tokens (``weight_unit: tokens``, a token loader's mixture: a language model's mixtures are
+stated in tokens, and documents differ in length by orders of magnitude across sources): the
+quotas are of ``epoch_size`` tokens (default all of them) and each becomes
+``round(q_i × n_i / t_i)`` documents, ``t_i`` the source's tokens.
 
 Draws. ``c_i ≤ n_i``: ``c_i`` distinct samples, a fresh seeded choice each epoch. ``c_i > n_i``:
 whole passes, each a fresh permutation of the source, the last pass partial (every sample
@@ -67,7 +71,11 @@ class MixtureConfig(BaseModel):
     """``sources: [{path, name, weight | repeat | choose}]``; ``epoch_size`` only with weights."""
     model_config = ConfigDict(extra="forbid")
     sources: list[SourceSpec] = Field(min_length=1)
-    epoch_size: int | None = Field(None, ge=1, description="proportion: samples per epoch (default Σ sizes)")
+    epoch_size: int | None = Field(None, ge=1, description="proportion: samples per epoch (default Σ sizes); "
+                                   "tokens per epoch with weight_unit tokens (default Σ tokens)")
+    weight_unit: Literal["samples", "tokens"] = Field(
+        "samples", description="what a weight is a share of: samples (documents, images: Mosaic's "
+        "proportion) or tokens (a token loader: each source gets its share of the epoch's tokens)")
     seed: int = 0
     interleave: Literal["stratified", "shuffle"] = "stratified"
 
@@ -86,6 +94,8 @@ class MixtureConfig(BaseModel):
                              "(repeat/choose), as in Mosaic's streams; it mixes both")
         if self.epoch_size is not None and not all(weighted):
             raise ValueError("epoch_size applies to weights; with repeat/choose the epoch is their sum")
+        if self.weight_unit == "tokens" and not all(weighted):
+            raise ValueError("weight_unit tokens applies to weights; repeat/choose count samples")
         return self
 
     @property
@@ -118,13 +128,16 @@ def largest_remainder(weights: Sequence[float], total: int) -> np.ndarray:
     return np.asarray(floors, dtype=np.int64)
 
 
-def epoch_counts(config: MixtureConfig, sizes: Sequence[int]) -> np.ndarray:
-    """Samples each source gives one epoch (see the module docstring)."""
+def epoch_counts(config: MixtureConfig, sizes: Sequence[int], tokens: Sequence[int] | None = None) -> np.ndarray:
+    """Samples each source gives one epoch (see the module docstring). ``tokens``: each source's
+    tokens (a token loader's, end-of-text included), for ``weight_unit: tokens``."""
     if len(sizes) != len(config.sources):
         raise LoaderError(f"{len(sizes)} source sizes for {len(config.sources)} mixture sources")
     if any(n < 1 for n in sizes):
         empty = [s.name for s, n in zip(config.sources, sizes) if n < 1]
         raise LoaderError(f"mixture sources {empty} are empty")
+    if config.proportional and config.weight_unit == "tokens":
+        return _token_share_counts(config, sizes, tokens)
     if config.proportional:
         total = config.epoch_size if config.epoch_size is not None else int(sum(sizes))
         return largest_remainder([float(s.weight) for s in config.sources], total)
@@ -138,6 +151,26 @@ def epoch_counts(config: MixtureConfig, sizes: Sequence[int]) -> np.ndarray:
     counts = np.asarray(out, dtype=np.int64)
     if counts.sum() == 0:
         raise LoaderError("the mixture's counts sum to zero: an epoch would be empty")
+    return counts
+
+
+def _token_share_counts(config: MixtureConfig, sizes: Sequence[int], tokens: Sequence[int] | None) -> np.ndarray:
+    """Documents per source so that each source's tokens are its weight's share of the epoch's
+    (``epoch_size`` tokens, default all of them): the token quotas by the largest-remainder rule,
+    each divided by its source's mean document length and rounded half up. A source's documents
+    differ in length, so its tokens in an epoch match the quota in expectation over the draw
+    (exactly when every document is drawn a whole number of times)."""
+    if tokens is None or len(tokens) != len(sizes):
+        raise LoaderError("weight_unit tokens needs each source's token count: only a token loader has them")
+    if any(t < 1 for t in tokens):
+        raise LoaderError(f"mixture sources {[s.name for s, t in zip(config.sources, tokens) if t < 1]} "
+                          "hold no tokens")
+    total = config.epoch_size if config.epoch_size is not None else int(sum(tokens))
+    quotas = largest_remainder([float(s.weight) for s in config.sources], total)
+    counts = np.asarray([(2 * int(q) * int(n) + int(t)) // (2 * int(t)) for q, n, t in zip(quotas, sizes, tokens)],
+                        dtype=np.int64)
+    if counts.sum() == 0:
+        raise LoaderError(f"the mixture's token quotas ({quotas.tolist()}) are each under half a document")
     return counts
 
 
@@ -176,13 +209,14 @@ def mixture_order(counts: np.ndarray, sizes: Sequence[int], names: Sequence[str]
 
 class MixturePlan:
     """The mixture in force: counts per epoch (an epoch begun under other counts keeps them) and
-    each epoch's order. ``sizes``: samples (images, documents) in each source, in config order."""
+    each epoch's order. ``sizes``: samples (images, documents) in each source, in config order;
+    ``tokens``: their tokens, for weights in tokens."""
 
-    def __init__(self, config: MixtureConfig, sizes: Sequence[int]):
+    def __init__(self, config: MixtureConfig, sizes: Sequence[int], tokens: Sequence[int] | None = None):
         self.config = config
         self.names = config.names
         self.sizes = [int(n) for n in sizes]
-        self.counts = epoch_counts(config, self.sizes)
+        self.counts = epoch_counts(config, self.sizes, tokens)
         self.changes: list[dict[str, Any]] = []
         self._pinned: tuple[int, np.ndarray, list[str], list[int]] | None = None  # (epoch, counts, names, sizes)
         self._cache: tuple[tuple, tuple[np.ndarray, np.ndarray]] | None = None

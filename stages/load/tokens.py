@@ -235,8 +235,9 @@ class TokenLoader:
                     or (np.diff(off) < 0).any():
                 raise LoaderError(f"token source {mix.names[k]!r}: offsets must rise from 0 to its "
                                   f"{len(self.tokens[k])} tokens")
-        self.plan = MixturePlan(mix, [len(o) - 1 for o in self.offsets])
         n_docs = np.array([len(o) - 1 for o in self.offsets], np.int64)
+        # a source's tokens in the stream: its documents' and an end-of-text each (weights in tokens)
+        self.plan = MixturePlan(mix, n_docs.tolist(), [int(o[-1]) + int(n) for o, n in zip(self.offsets, n_docs)])
         self.doc_key_base = np.concatenate([[0], np.cumsum(n_docs)[:-1]]).astype(np.int64)
         self.n_doc_keys = int(n_docs.sum())  # keys run 0 .. n_doc_keys - 1
         self.epoch = 0

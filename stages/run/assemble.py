@@ -64,7 +64,8 @@ def assemble_token_job(train: TrainConfig, text: TextPipelineConfig, eval_split:
     if not trained or not graded:
         raise ConfigError(f"no text source holds a {'train' if not trained else eval_split} document")
     mix = MixtureConfig(sources=[{"path": s["root"], "name": s["name"], "weight": s["weight"]} for s in trained],
-                        epoch_size=text.epoch_size, seed=train.seed)
+                        epoch_size=text.epoch_size, seed=train.seed,
+                        weight_unit="tokens" if text.weight_unit == "tokens" else "samples")
     train_loader = TokenLoaderConfig(split="train", seq_len=text.seq_len, batch_size=train.batch_size,
                                      seq_len_schedule=text.seq_len_schedule, mixture=mix, seed=train.seed,
                                      prefetch=text.prefetch)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,7 +38,8 @@ class TextSource(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the dataset folder's name")
     source: str = Field(description="a folder of .txt/.md files, a .jsonl or a Parquet file")
-    weight: float = Field(1.0, gt=0, description="the source's share of a training epoch's documents")
+    weight: float = Field(1.0, gt=0, description="the source's share of a training epoch's tokens "
+                          "(of its documents with text.weight_unit: documents)")
 
 
 class TextPipelineConfig(BaseModel):
@@ -50,8 +51,12 @@ class TextPipelineConfig(BaseModel):
                                    description="how every source becomes a token artifact")
     seq_len: int = Field(256, ge=2, description="training row length (without seq_len_schedule)")
     seq_len_schedule: SeqLenSchedule | None = Field(None, description="sequence-length warm-up")
-    epoch_size: int | None = Field(None, ge=1, description="documents per training epoch of the mixture "
-                                   "(default: the sum of the sources' train documents)")
+    weight_unit: Literal["tokens", "documents"] = Field(
+        "tokens", description="what a source's weight is a share of: the epoch's tokens (a language "
+        "model's mixtures are stated in tokens; a source of long documents would otherwise dominate) "
+        "or its documents (Mosaic's proportion)")
+    epoch_size: int | None = Field(None, ge=1, description="a training epoch of the mixture, in weight_unit "
+                                   "(default: all of the sources' train tokens, or documents)")
     eval_batch_size: int = Field(16, ge=1, description="rows per batch when evaluating and grading")
     prefetch: int = Field(2, ge=0, description="training batches packed ahead in a helper thread")
 
