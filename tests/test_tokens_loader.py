@@ -49,22 +49,32 @@ def reference(ld: TokenLoader, epoch: int | None = None):
     return np.array(toks), np.array(seg), np.array(src)
 
 
+def consume_batches(batches, seen: np.ndarray, ref: np.ndarray) -> None:
+    """Check batches already taken as ``consume`` does."""
+    for b in batches:
+        check_batch(b, seen, ref)
+
+
+def check_batch(b, seen: np.ndarray, ref: np.ndarray) -> None:
+    x, y, ids = (t.numpy() for t in b)
+    for r, s0 in enumerate(ids):
+        n = int((b.segment_ids[r] >= 0).sum())
+        if s0 < 0:
+            assert n == 0 and (y[r] == -100).all()
+            continue
+        assert n > 0, "a row named by a start holds no input"
+        assert (x[r, :n] == ref[s0:s0 + n]).all() and (y[r, :n] == ref[s0 + 1:s0 + 1 + n]).all()
+        assert (y[r, n:] == -100).all()
+        seen[s0:s0 + n] += 1
+
+
 def consume(ld: TokenLoader, steps: int | None, seen: np.ndarray, ref: np.ndarray) -> int:
     """Iterate up to ``steps`` batches, checking each row against the stream and counting each
     input position it covers; returns the batches taken."""
     taken = 0
     it = iter(ld)
     for b in it:
-        x, y, ids = (t.numpy() for t in b)
-        for r, s0 in enumerate(ids):
-            n = int((b.segment_ids[r] >= 0).sum())
-            if s0 < 0:
-                assert n == 0 and (y[r] == -100).all()
-                continue
-            assert n > 0, "a row named by a start holds no input"
-            assert (x[r, :n] == ref[s0:s0 + n]).all() and (y[r, :n] == ref[s0 + 1:s0 + 1 + n]).all()
-            assert (y[r, n:] == -100).all()
-            seen[s0:s0 + n] += 1
+        check_batch(b, seen, ref)
         taken += 1
         if steps is not None and taken == steps:
             it.close()
@@ -296,10 +306,28 @@ def test_the_order_is_deterministic_per_seed_and_epoch():
 
 
 def test_ranks_take_strided_rows_of_each_global_step():
-    steps = [list(loader(r, 3, seq_len=16, batch_size=2)) for r in range(3)]
+    steps = [list(loader(r, 3, seq_len=16, batch_size=2, row_order="consecutive")) for r in range(3)]
     for r in range(3):
         for k, b in enumerate(steps[r][:-1]):
             assert b.sample_ids.tolist() == [k * 96 + (r + 3 * j) * 16 for j in range(2)]
+
+
+def test_lanes_give_a_step_one_row_from_each_lane_and_cover_the_epoch_once():
+    lds = [loader(r, 3, seq_len=16, batch_size=2) for r in range(3)]
+    ref = reference(lds[0])[0]
+    end = len(ref) - 1
+    span = -(-end // 6)  # six lanes: the global batch's rows
+    seen = np.zeros(len(ref), int)
+    steps = [list(ld) for ld in lds]
+    assert len({len(x) for x in steps}) == 1 == len({len(ld) for ld in lds}) and len(steps[0]) == -(-span // 16)
+    for r in range(3):
+        for k, b in enumerate(steps[r]):
+            lanes = [r, r + 3]
+            want = [j * span + k * 16 if k * 16 < min(span, end - j * span) else -1 for j in lanes]
+            assert b.sample_ids.tolist() == want
+        consume_batches(steps[r], seen, ref)
+    assert (seen[:-1] == 1).all() and seen[-1] == 0  # every input once; the last token only a target
+    assert all(ld.position == end for ld in lds)
 
 
 # ------------------------------------------------------------------ curriculum
@@ -358,9 +386,11 @@ CURRICULUM = SeqLenSchedule(start=8, end=32, warmup_tokens=1500, step=8)
 @pytest.mark.parametrize("world_to", [1, 2, 3, 6])
 @pytest.mark.parametrize("curriculum", [None, CURRICULUM], ids=["fixed", "curriculum"])
 @pytest.mark.parametrize("prefetch", [0, 2])
-def test_a_three_source_mixture_resumes_from_4_ranks_at_any_world_size(world_to, curriculum, prefetch):
+@pytest.mark.parametrize("order", ["lanes", "consecutive"])
+def test_a_three_source_mixture_resumes_from_4_ranks_at_any_world_size(world_to, curriculum, prefetch, order):
     def make(rank, world, batch=2):
-        return loader(rank, world, seq_len_schedule=curriculum, batch_size=batch, prefetch=prefetch)
+        return loader(rank, world, seq_len_schedule=curriculum, batch_size=batch, prefetch=prefetch,
+                      row_order=order)
     probe = make(0, 1)
     ref, _, ref_src = reference(probe)
     full = np.zeros(len(ref), int)
@@ -432,6 +462,8 @@ def test_states_that_cannot_continue_are_refused():
         loader(sources=other).load_state_dict(state)
     with pytest.raises(LoaderError, match="not a token loader"):
         loader().load_state_dict({"epoch": 0})
+    with pytest.raises(LoaderError, match="row_order 'lanes'"):
+        loader(row_order="consecutive").load_state_dict(state)
     bad = ArrayTokens(SOURCES[1].tokens, SOURCES[1].offsets, eot=1, vocab_size=1000)
     with pytest.raises(LoaderError, match="end-of-text"):
         loader(sources=[SOURCES[0], bad, SOURCES[2]])

@@ -203,7 +203,7 @@ def _spread(values: np.ndarray, plen: np.ndarray, fill: np.ndarray | None, m: in
 def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[np.ndarray], eot: int,
               ignore_cross: bool = False, ignore_index: int = -100,
               doc_base: np.ndarray | None = None,
-              fields: Collection[str] = ROW_FIELDS) -> dict[str, np.ndarray]:
+              fields: Collection[str] = ROW_FIELDS, limits: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Rows of ``L`` inputs (and targets) from the stream at ``starts`` (-1: a padding row),
     vectorised over the pieces (documents) the rows touch: no Python per row or token.
 
@@ -211,7 +211,10 @@ def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[
     tokens per source); of ``ROW_FIELDS`` those in ``fields`` (see ``tokens``); with ``doc_base``
     (each source's first key) ``doc_keys``: each input token's document as ``doc_base[source] +
     its index in the source`` (-1 for padding). ``input_ids`` and ``targets`` may be views of one
-    buffer (the targets the inputs shifted by one): copy before writing into either."""
+    buffer (the targets the inputs shifted by one): copy before writing into either. ``limits``:
+    per row, the stream position its tokens stop before (a lane's end + 1: the row's inputs end
+    at the lane's end, its last target is the next lane's first token); a row cut short is
+    padded as the epoch's last row is."""
     if fields and not set(fields) <= set(ROW_FIELDS):
         raise ValueError(f"pack_rows: unknown fields {sorted(set(fields) - set(ROW_FIELDS))}; "
                          f"known: {list(ROW_FIELDS)}")
@@ -220,7 +223,8 @@ def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[
     annotate = bool(fields) or doc_base is not None
     first = starts.tolist()
     s0 = first[0] if m else -1
-    if s0 >= 0 and s0 + m * L + 1 <= T and first == list(range(s0, s0 + m * L, L)):
+    uncut = limits is None or bool((np.asarray(limits) >= starts + W).all())
+    if s0 >= 0 and s0 + m * L + 1 <= T and uncut and first == list(range(s0, s0 + m * L, L)):
         # consecutive whole rows: one span of m·L + 1 tokens, inputs and targets views of it
         n = m * L
         pc = _span_pieces(stream, s0, s0 + n + 1)
@@ -239,7 +243,8 @@ def pack_rows(stream: EpochStream, starts: np.ndarray, L: int, tokens: Sequence[
         return out
 
     s = np.where(starts >= 0, starts, T)
-    rlen = np.maximum(np.minimum(s + W, T) - s, 0)  # stream tokens in the row's L + 1 slots
+    cap = T if limits is None else np.minimum(np.asarray(limits, np.int64), T)
+    rlen = np.maximum(np.minimum(s + W, cap) - s, 0)  # stream tokens in the row's L + 1 slots
     full = bool((rlen == W).all())
     pc = _row_pieces(stream, s, s + rlen)
     counts = _source_counts(pc, K)
