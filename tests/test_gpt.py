@@ -138,3 +138,21 @@ def test_every_evaluation_reads_the_same_rows():
     task, d = build_task(c, torch.device("cpu")), dist_context(c)
     first, second = (evaluate(model, ev, task, "none", d) for _ in range(2))
     assert first == second and first["n"] > 0
+
+
+def test_adam_betas_and_the_decay_split_reach_the_optimizer():
+    """``betas`` are AdamW's (a language model's recipe: 0.95 for the squared gradient), torch's
+    defaults otherwise; matrices (the tied embedding included) decay, norms and biases do not;
+    betas outside [0, 1) are refused by the config."""
+    from sluice.stages.optimizer import build_optimizer
+    model = build_model("gpt", 1, V, n_layer=1, n_head=2, d_model=32, max_len=32)
+    opt = build_optimizer("adamw", model, 1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    assert [g["betas"] for g in opt.param_groups] == [(0.9, 0.95)] * 2
+    decayed, kept = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
+    assert {p.ndim for p in decayed["params"]} == {2} and {p.ndim for p in kept["params"]} == {1}
+    assert any(p is model.tok.weight for p in decayed["params"])
+    assert build_optimizer("adam", model, 1e-3).param_groups[0]["betas"] == (0.9, 0.999)
+    assert cfg(betas=(0.9, 0.95)).betas == (0.9, 0.95) and cfg().betas == (0.9, 0.999)
+    with pytest.raises(ValueError, match="betas"):
+        cfg(betas=(0.9, 1.0))

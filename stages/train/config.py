@@ -77,6 +77,9 @@ class TrainConfig(BaseModel):
         None, ge=1, description="scale lr linearly with the global batch (batch_size x ranks x "
         "accum_steps) over this reference batch; None = lr as given")
     weight_decay: float = Field(5e-4, ge=0)
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="adam/adamw: the decay rates of the gradient's running mean and "
+        "of its square (torch's defaults; nanoGPT's language-model recipe: [0.9, 0.95]); unused by sgd")
     schedule: Literal["constant", "linear", "onecycle"] = "onecycle"
     warmup_fraction: float = Field(0.1, ge=0, lt=1)  # linear warm-up; one-cycle peak position
     warmup_min_steps: int | None = Field(
@@ -141,6 +144,8 @@ class TrainConfig(BaseModel):
             lo, hi = self.momentum_cycle
             if not 0 <= lo <= hi < 1:
                 raise ValueError("momentum_cycle must be [low, high] with 0 <= low <= high < 1")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must both be in [0, 1), got {list(self.betas)}")
         return self
 
     def compat(self, world_size: int) -> dict[str, Any]:
