@@ -103,7 +103,8 @@ E2E_SEEDS = (0, 1, 2)
 # no curriculum). ``sluice_curriculum`` adds the sequence-length curriculum (``E2E[mode]["curriculum"]``)
 # and is recorded beside them: at this budget it costs quality (quick, 250k tokens, seed 0, bits per
 # byte at the end of the budget in the calibration sweep: 3.10 with it, 3.04 without it, the plain
-# loop 3.04; with the loader's former consecutive rows 3.34 against 3.13).
+# loop 3.04; the calibration at 072bbf8, with consecutive rows, the curriculum and torch's betas,
+# ended at 3.34).
 E2E_ARMS = ("nanogpt_loop", "sluice", "sluice_curriculum")
 TINY_LIMIT = {"gcide": 300, "fortunes": 200, "pydocs": 3}  # the loader and resume parts' corpus in --tiny
 
