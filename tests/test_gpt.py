@@ -156,3 +156,12 @@ def test_adam_betas_and_the_decay_split_reach_the_optimizer():
     assert cfg(betas=(0.9, 0.95)).betas == (0.9, 0.95) and cfg().betas == (0.9, 0.999)
     with pytest.raises(ValueError, match="betas"):
         cfg(betas=(0.9, 1.0))
+
+
+def test_the_trainer_builds_adamw_with_the_configs_betas():
+    """``train.betas`` reaches the optimizer the trainer steps (the recipe's 0.95 is no dead field)."""
+    from sluice.stages.train.components import Components
+    from sluice.stages.train.dist import dist_context
+    for betas in [(0.9, 0.95), (0.8, 0.99)]:
+        c = cfg(optimizer="adamw", betas=betas)
+        assert [g["betas"] for g in Components.build(c, dist_context(c)).opt.param_groups] == [betas] * 2

@@ -58,7 +58,7 @@ class Components:
             fwd = ddp
         fwd = torch.compile(fwd) if cfg.compile else fwd
         opt = build_optimizer(cfg.optimizer, model, cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay)
+                              weight_decay=cfg.weight_decay, betas=cfg.betas)
         scaler = torch.amp.GradScaler(d.device.type, enabled=cfg.amp == "fp16")
         ema = build_ema(model, cfg.ema_decay) if cfg.ema_decay else None
         return cls(cfg, d, model, ddp, fwd, opt, scaler, ema, hook, build_task(cfg, d.device),
