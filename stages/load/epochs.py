@@ -123,6 +123,13 @@ class EpochCursor:
         if epoch != self.epoch:
             self.epoch, self.next_batch = int(epoch), 0
 
+    def iteration_start(self) -> tuple[int, int]:
+        """(epoch, first batch) an iteration begins at: a finished epoch moves on to the next one
+        (its first batch), an unfinished one continues where it stopped."""
+        if self.next_batch >= self.batches():
+            self.set_epoch(self.epoch + 1)
+        return self.epoch, self.next_batch
+
     def advance(self) -> None:
         self.next_batch += 1
 

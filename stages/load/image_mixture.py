@@ -415,10 +415,7 @@ class MixtureLoader:
 
     def __iter__(self) -> Iterator[MixtureBatch]:
         """This rank's batches from the cursor's position to the epoch's end."""
-        epoch, start = self.epoch, self.cursor.next_batch
-        if start >= len(self):  # the epoch was finished: the next iteration is the next epoch
-            self.cursor.set_epoch(epoch + 1)
-            epoch, start = self.epoch, 0
+        epoch, start = self.cursor.iteration_start()  # a finished epoch: the next one
         order, drop_last = self.cursor.rank_order(epoch)
         cfg, reads = self.config, self.backend()
         t0 = self._iter_t0 = time.perf_counter()

@@ -148,10 +148,7 @@ class Loader:
     # ------------------------------------------------------------------ the pipeline
     def __iter__(self) -> Iterator[Batch]:
         """order → read → decode (the backend) → augment → prefetch, from the cursor's position."""
-        epoch, start = self.epoch, self.cursor.next_batch
-        if start >= len(self):  # the epoch was finished: the next iteration is the next epoch
-            self.cursor.set_epoch(epoch + 1)
-            epoch, start = self.epoch, 0
+        epoch, start = self.cursor.iteration_start()  # a finished epoch: the next one
         order, drop_last = self.cursor.rank_order(epoch)
         cfg, be = self.config, self.backend()
         advance = prefetch_shards(self.artifact, cfg.split, be, order, start, cfg.batch_size)

@@ -325,26 +325,26 @@ class TokenLoader:
             step += 1
 
     def _steps_left(self) -> int:
+        """Steps from here to the epoch's end: the curriculum's stepped through one by one, then
+        the fixed length's counted. The cursor is the lanes' offset (each step moves it by L) or
+        the stream position (by G × L); ``trained`` turns it into the epoch's tokens consumed."""
         if self.config.row_order == "lanes":
-            span, _, lens = self._lane_geometry(self.epoch)
-            p, step, n = self.lane_position, self.step, 0
-            sch = self.config.seq_len_schedule
-            while p < span and sch is not None and not sch.done(step, self.tokens_before + int(np.minimum(p, lens).sum())):
-                p += self.seq_len_at(step, self.tokens_before + int(np.minimum(p, lens).sum()))
-                step += 1
-                n += 1
-            if p < span:
-                n += -(-(span - p) // self.seq_len_at(step, self.tokens_before + int(np.minimum(p, lens).sum())))
-            return n
-        end, G = self.stream().end, self.config.batch_size * self.world_size
-        pos, step, n = self.position, self.step, 0
-        sch = self.config.seq_len_schedule
-        while pos < end and sch is not None and not sch.done(step, self.tokens_before + pos):
-            pos += G * self.seq_len_at(step, self.tokens_before + pos)
+            limit, _, lens = self._lane_geometry(self.epoch)
+            x, per_step = self.lane_position, 1
+            trained = lambda x: int(np.minimum(x, lens).sum())  # noqa: E731
+        else:
+            limit, x = self.stream().end, self.position
+            per_step = self.config.batch_size * self.world_size
+            trained = lambda x: x  # noqa: E731
+        step, n, sch = self.step, 0, self.config.seq_len_schedule
+        while x < limit:
+            t = self.tokens_before + trained(x)
+            L = self.seq_len_at(step, t)
+            if sch is None or sch.done(step, t):
+                return n + -(-(limit - x) // (per_step * L))
+            x += per_step * L
             step += 1
             n += 1
-        if pos < end:
-            n += -(-(end - pos) // (G * self.seq_len_at(step, self.tokens_before + pos)))
         return n
 
     # ------------------------------------------------------------------ contract
