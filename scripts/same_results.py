@@ -9,8 +9,9 @@ JSON. Run it with two checkouts' Pythons and compare:
 
 Configurations: in-memory arrays (plain; EMA + channels-last + accumulation + clipping); the
 Loader over a Fashion-MNIST artifact with random-resized-crop + flip (memory and webdataset
-backends); InfoBatch and selective backprop; two ranks under torchrun with PowerSGD. Each logs
-every step, so a changed step anywhere shows.
+backends); InfoBatch and selective backprop; two ranks under torchrun with PowerSGD; an image
+mixture of two artifacts (per-source evaluation); a GPT on a two-source token mixture, plain and
+with InfoBatch keyed by document. Each logs every step, so a changed step anywhere shows.
 """
 from __future__ import annotations
 
@@ -33,9 +34,41 @@ def _launch():
     return launch, make_job
 
 
+EVAL_KEYS = ("acc", "loss", "n", "loss_by_source", "acc_by_source")
+
+
 def _summary(r: Any) -> dict[str, Any]:
-    return {"losses": [m["loss"] for m in r.metrics], "evals": [e.get("acc") for e in r.evals],
+    return {"losses": [m["loss"] for m in r.metrics],
+            "evals": [{k: e[k] for k in EVAL_KEYS if k in e} for e in r.evals],
             "final_acc": r.final_acc, "digests": r.summary.get("param_digests"), "steps": r.steps}
+
+
+def _image_mixture_loader(mixture: dict[str, Any], config: Any) -> Any:
+    """A loader over several image artifacts: ``Loader(mixture=...)``, or (before one loader read
+    every number of sources) ``image_mixture.MixtureLoader``."""
+    try:
+        from sluice.stages.load.image_mixture import MixtureLoader
+    except ImportError:
+        from sluice.stages.load import Loader
+        return Loader(mixture=mixture, config=config)
+    return MixtureLoader(mixture, config)
+
+
+def _text_corpus(root: Path, name: str, n: int, seed: int) -> Path:
+    """A folder of small, learnable documents (word sequences with structure), one per file."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "to", "a", "red", "ball", "and", "then",
+             "slept", "under", "tree", "big", "small", "house", "near", "river", "bird", "sang", "song"]
+    out = root / name
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        w, seq = int(rng.integers(0, len(words))), []
+        for _ in range(int(rng.integers(8, 60))):  # each word picks among three successors
+            w = (3 * w + int(rng.integers(0, 3))) % len(words)
+            seq.append(words[w])
+        (out / f"doc{i:04d}.txt").write_text(" ".join(seq) + ".\n")
+    return out
 
 
 def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
@@ -78,9 +111,68 @@ def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
 
     def selected(method: str, **params: Any) -> dict[str, Any]:
         tr, ev = arrays(64 if method == "selective_backprop" else 32)
+        if method == "infobatch":  # 6 batches an epoch: 12 steps reach the epochs that prune
+            tr = ArrayLoader(x[:192], y[:192], 32, seed=0)
         sel = build_selector(SelectionConfig(method=method, params=params, seed=3),
                              candidate_size=len(tr) and tr.batch_size, split_size=len(x))
         return _summary(train(cfg(), tr, ev, sel))
+
+    def image_artifact(name: str, limit: int, seed: int) -> str:
+        if name not in images:
+            s = shard_dataset(IngestConfig(source="fashion-mnist", limit=limit, seed=seed), tmp / name,
+                              ShardConfig(shard_samples=128, progress=False, workers=1))
+            images[name] = s.root
+        return str(images[name])
+
+    images: dict[str, Any] = {}
+
+    def image_mixture() -> dict[str, Any]:
+        a, b = image_artifact("mix-a", 400, 5), image_artifact("mix-b", 300, 6)
+        aug = AugmentSpec.standard(size=28, mean=(0.286,), std=(0.353,))
+        train_mix = {"sources": [{"path": a, "name": "a", "weight": 0.7}, {"path": b, "name": "b", "weight": 0.3}],
+                     "epoch_size": 320, "seed": 2}
+        eval_mix = {"sources": [{"path": a, "name": "a", "repeat": 1.0}, {"path": b, "name": "b", "repeat": 1.0}]}
+        tr = _image_mixture_loader(train_mix, LoaderConfig(backend="memory", batch_size=32, drop_last=True,
+                                                           augment=aug, workers=1, prefetch=0, seed=1))
+        ev = _image_mixture_loader(eval_mix, LoaderConfig(
+            split="val", backend="memory", batch_size=64, workers=1, prefetch=0, sampler={"kind": "sequential"},
+            augment=AugmentSpec(ops=[{"op": "normalize", "mean": [0.286], "std": [0.353]}])))
+        return _summary(train(cfg(), tr, ev))
+
+    tokens: dict[str, Any] = {}
+
+    def token_sources() -> tuple[str, str]:
+        if not tokens:
+            from sluice.stages.data.text import TextShardConfig, shard_text
+            first = None
+            for name, n, seed in (("prose", 40, 11), ("verse", 32, 12)):
+                c = TextShardConfig(tokenizer="bpe", vocab_size=300, val_fraction=0.2, progress=False,
+                                    tokenizer_file=first)
+                s = shard_text(c, _text_corpus(tmp / "text", name, n, seed), tmp / "tok" / name)
+                tokens[name] = s.root
+                first = first or str(tmp / "tok" / name)
+        return str(tokens["prose"]), str(tokens["verse"])
+
+    def gpt(method: str | None) -> dict[str, Any]:
+        from sluice.stages.load.tokens import TokenLoader, TokenLoaderConfig
+        from sluice.storage.tokens import open_token_split
+        prose, verse = token_sources()
+        vocab = open_token_split(prose, "train").vocab_size
+        mix = {"sources": [{"path": prose, "name": "prose", "weight": 0.6},
+                           {"path": verse, "name": "verse", "weight": 0.4}], "weight_unit": "tokens", "seed": 3}
+        once = {"sources": [{"path": prose, "name": "prose", "repeat": 1.0},
+                            {"path": verse, "name": "verse", "repeat": 1.0}]}
+        tr = TokenLoader(config=TokenLoaderConfig(split="train", seq_len=32, batch_size=4, mixture=mix, seed=3,
+                                                  prefetch=0, doc_keys=method is not None))
+        ev = TokenLoader(config=TokenLoaderConfig(split="val", seq_len=32, batch_size=8, mixture=once, prefetch=0))
+        c = cfg(model="gpt", num_classes=vocab, optimizer="adamw", lr=3e-3, betas=(0.9, 0.95), clip_grad_norm=1.0,
+                model_kwargs={"n_layer": 2, "n_head": 2, "d_model": 32, "max_len": 32}, max_steps=48,
+                eval_every_steps=24)  # about 30 steps an epoch: InfoBatch prunes in the second
+        sel = None
+        if method is not None:
+            sel = build_selector(SelectionConfig(method=method, seed=3), candidate_size=4,
+                                 split_size=tr.n_doc_keys)
+        return _summary(train(c, tr, ev, sel))
 
     def two_ranks() -> dict[str, Any]:
         launch, make_job = _launch()
@@ -98,6 +190,9 @@ def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
         "infobatch": lambda: selected("infobatch"),
         "selective_backprop": lambda: selected("selective_backprop"),
         "two-ranks-powersgd": two_ranks,
+        "image-mixture": image_mixture,
+        "gpt-two-sources": lambda: gpt(None),
+        "gpt-two-sources-infobatch": lambda: gpt("infobatch"),
     }
 
 
