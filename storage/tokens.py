@@ -64,6 +64,9 @@ class TokenSplitRecord(_Model):
     sums: FileRecord
     content: FileRecord
     shards: list[TokenShardRecord] = Field(default_factory=list)
+    # UTF-8 bytes of the documents' text (bits per byte); None in a manifest written before it was
+    # recorded: sluice.stages.data.text.retokenize.split_text_bytes then decodes the split
+    text_bytes: int | None = None
 
     def files(self) -> list[FileRecord]:
         return [self.tokens_file, self.offsets, self.keys, self.sums, self.content,
@@ -213,6 +216,12 @@ class TokenSplit:
     def path(self, rec: FileRecord) -> Path:
         return local_path(version_file(str(self.root), rec.path, rec.version))
 
+    @property
+    def text_bytes(self) -> int | None:
+        """The UTF-8 bytes of the split's text as its manifest records them (None: written
+        before they were recorded)."""
+        return self.record.text_bytes
+
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -272,6 +281,13 @@ def open_token_split(path: str | os.PathLike, split: str) -> TokenSplit:
     return TokenSplit(root, read_token_manifest(root), split)
 
 
+def recorded_text_bytes(path: str | os.PathLike, split: str) -> int | None:
+    """The UTF-8 bytes of ``split``'s documents' text as the manifest at ``path`` (a version, or a
+    root's LATEST) records them, or None for a manifest written before they were recorded (the
+    stage ``sluice.stages.data.text.retokenize.split_text_bytes`` then counts them by decoding)."""
+    return read_token_manifest(path).split(split).text_bytes
+
+
 def is_token_artifact(path: str | os.PathLike) -> bool:
     """True when ``path`` (or the version its LATEST names) holds a token manifest."""
     p = version_dir(path) / MANIFEST_NAME
@@ -283,4 +299,4 @@ def is_token_artifact(path: str | os.PathLike) -> bool:
 
 __all__ = ["TokenManifest", "TokenSplitRecord", "TokenShardRecord", "TokenizerRecord", "Dropped",
            "TokenDelta", "TokenSplit", "open_token_split", "read_token_manifest", "write_token_manifest",
-           "is_token_artifact", "version_dir", "TOKEN_SCHEMA", "TOKEN_SPLITS", "TOKENIZER_NAME"]
+           "is_token_artifact", "recorded_text_bytes", "version_dir", "TOKEN_SCHEMA", "TOKEN_SPLITS", "TOKENIZER_NAME"]

@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out")
     ap.add_argument("--limit", type=int, default=None, help="documents per source (default: all)")
     ap.add_argument("--shard", metavar="DATA_ROOT", help="also shard each source into DATA_ROOT/<name>, all "
-                    "with the tokenizer learnt from the first (gcide), so they mix")
+                    "with one tokenizer learnt from the train documents of all three (kept in "
+                    "DATA_ROOT/tokenizers), so they mix")
     ap.add_argument("--tokenizer", default="bpe", choices=["bpe", "byte"])
     args = ap.parse_args(argv)
     sources = build_corpus(args.out, args.limit)
@@ -110,12 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.shard:
         from sluice.stages.data.text.config import TextShardConfig
         from sluice.stages.data.text.shard import shard_text
-        first = None  # one tokenizer for the mixture: learnt on the first source, used by the others
-        for name, path in sources.items():
-            cfg = TextShardConfig(tokenizer=args.tokenizer, tokenizer_file=first)
-            s = shard_text(cfg, path, Path(args.shard) / name)
+        from sluice.stages.data.text.shared_tokenizer import shared_tokenizer
+        cfg = TextShardConfig(tokenizer=args.tokenizer)
+        tok = shared_tokenizer(list(sources.items()), cfg, Path(args.shard) / "tokenizers", log=print)
+        for name, path in sources.items():  # one tokenizer for the mixture, learnt from all of them
+            s = shard_text(cfg.model_copy(update={"tokenizer_file": str(tok)}), path, Path(args.shard) / name)
             print(s.format())
-            first = first or s.root
 
 
 if __name__ == "__main__":

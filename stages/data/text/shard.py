@@ -7,33 +7,35 @@ config, so the same inputs find their version and write nothing. The passes:
    record without text) go to ``quarantine/`` with their reason; each good one gets its split by
    key (``stages/data/split.py``), a content hash and a MinHash signature;
 2. **dedup**: exact and near-duplicates are dropped, first seen kept (a parent's documents first);
-3. **tokenizer**: BPE learnt from the kept train documents only, or bytes; a version on top of a
-   parent keeps the parent's tokenizer, so the ids of unchanged documents stay valid;
+3. **tokenizer**: BPE learnt from the kept train documents only, or bytes, or the one
+   ``tokenizer_file`` names (a mixture's: ``shared_tokenizer.py``); a version on top of a parent
+   keeps the parent's tokenizer, so the ids of unchanged documents stay valid;
 4. **write** each split: the parent's unchanged documents copied as token bytes (its tar shards
-   reused where the indices did not move), then the new ones tokenised, then the manifest last.
+   reused where the indices did not move), then the new ones tokenised, then the manifest last
+   (with each split's ``text_bytes``, the UTF-8 bytes of its documents: bits per byte).
 
 A grown source (``incremental``, the default) is written on top of the version ``LATEST`` names:
 the manifest names its ``parent`` and a ``delta`` by key.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from sluice.errors import ConfigError, ShardError, SluiceError
-from sluice.stages.data.split import split_of
 from sluice.stages.data.text.config import TextShardConfig
-from sluice.stages.data.text.dedup import Deduplicator, content_hash
-from sluice.stages.data.text.sources import RawDoc, TextSource, open_text_source
+from sluice.stages.data.text.scan import (QUARANTINE, ScannedDoc, deduplicate, new_deduplicator, progress_bar,
+                                          scan, texts)
+from sluice.stages.data.text.sources import TextSource, open_text_source
 from sluice.stages.data.text.tokenizer import BpeTokenizer, ByteTokenizer, TextTokenizer, load_tokenizer
 from sluice.stages.data.text.writer import SplitWriter, file_record
 from sluice.storage import atomic
@@ -41,13 +43,12 @@ from sluice.storage.artifact import LATEST
 from sluice.storage.fingerprint import combine, hash_obj, sha256_file
 from sluice.storage.gc import GC_LOCK
 from sluice.storage.locking import exclusive, shared
-from sluice.storage.manifest import MAX_ANCESTORS, MANIFEST_NAME, QuarantineRecord, SourceRecord
+from sluice.storage.manifest import MAX_ANCESTORS, MANIFEST_NAME, SourceRecord
 from sluice.storage.paths import is_local, local_path
-from sluice.storage.tokens import (TOKEN_SCHEMA, TOKEN_SPLITS, TOKENIZER_NAME, Dropped, TokenDelta,
+from sluice.storage.tokens import (TOKEN_SCHEMA, TOKEN_SPLITS, TOKENIZER_NAME, TokenDelta,
                                    TokenizerRecord, TokenManifest, TokenSplit, read_token_manifest,
                                    version_dir, write_token_manifest)
 
-QUARANTINE = "quarantine"
 BATCH = 256  # documents per tokenizer call
 
 
@@ -89,21 +90,6 @@ class TextShardSummary:
             lines.append(f"  written whole: {m.parent_refused}")
         lines.append(f"  {'up to date (nothing rewritten)' if self.reused else 'written'} in {self.seconds:.1f} s")
         return "\n".join(lines)
-
-
-@dataclass
-class _Doc:
-    key: str
-    split: str
-    digest: int
-    pos: int  # position in the source's order
-    sig: np.ndarray | None = None
-
-
-@dataclass
-class _Scan:
-    good: list[_Doc] = field(default_factory=list)
-    bad: list[QuarantineRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -185,7 +171,9 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
 
 def _find_parent(out: Path, src: TextSource, cfg: TextShardConfig) -> tuple[_Parent | None, str | None]:
     """The version LATEST names, when it was written from the same source with the same config
-    (so its ids, splits and dedup mean the same); else None and why (None: no version yet)."""
+    and, for a ``tokenizer_file``, that very tokenizer (a shared one relearnt at the same path
+    must not be ignored for the parent's); so its ids, splits and dedup mean the same. Else None
+    and why (None: no version yet)."""
     if not (out / LATEST).exists():
         return None, None
     version = (out / LATEST).read_text().strip()
@@ -195,6 +183,10 @@ def _find_parent(out: Path, src: TextSource, cfg: TextShardConfig) -> tuple[_Par
             return None, f"the newest version {version} was written from {m.source.kind}:{m.source.uri}"
         if _comparable(m.config) != _comparable(cfg.model_dump(mode="json")):
             return None, f"the newest version {version} was written with another config"
+        given = given_tokenizer(cfg)  # compared as shard_text writes it (loaded, then saved)
+        if given is not None and hashlib.sha256(load_tokenizer(given).to_json()).hexdigest() \
+                != m.tokenizer.file.sha256:
+            return None, f"the newest version {version} holds another tokenizer than {cfg.tokenizer_file}"
         splits = {s: TokenSplit(out / version, m, s) for s in m.splits}
         content = {s: np.load(splits[s].path(m.splits[s].content), allow_pickle=False) for s in m.splits}
     except (SluiceError, OSError, ValueError) as e:
@@ -202,98 +194,7 @@ def _find_parent(out: Path, src: TextSource, cfg: TextShardConfig) -> tuple[_Par
     return _Parent(version, m, splits, content), None
 
 
-def _bar(total: int | None, desc: str, enabled: bool):
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="doc", disable=not enabled, dynamic_ncols=True, leave=False)
-
-
-def _judge(doc: RawDoc, cfg: TextShardConfig) -> tuple[str | None, str | None, bytes]:
-    """(text, None, raw) for a good document, (None, reason, raw) for a bad one."""
-    data = doc.data
-    raw = data if isinstance(data, bytes) else b""
-    if doc.error:
-        return None, doc.error, raw
-    if isinstance(data, str):
-        try:
-            raw = data.encode("utf-8")
-        except UnicodeEncodeError as e:  # a JSON "\udc80" escape: a lone surrogate, not text
-            return None, f"utf8: {e.reason} at character {e.start}", data.encode("utf-8", "surrogatepass")
-    if len(raw) > cfg.max_doc_bytes:
-        return None, f"oversize: {len(raw)} bytes, max_doc_bytes {cfg.max_doc_bytes}", raw
-    try:
-        text = raw.decode("utf-8") if isinstance(data, bytes) else data
-    except UnicodeDecodeError as e:
-        return None, f"utf8: {e.reason} at byte {e.start}", raw
-    if not text.strip():
-        return None, "empty", raw
-    return text, None, raw
-
-
-def _texts(src: TextSource, cfg: TextShardConfig, want: set[str]) -> Iterator[tuple[str, str]]:
-    """(key, text) of the documents in ``want``, in source order (a second read of the source)."""
-    for doc in src.docs():
-        if doc.key in want:
-            text, reason, _ = _judge(doc, cfg)
-            if text is None:
-                raise ShardError(f"{doc.where}: document {doc.key!r} changed while it was being sharded ({reason})")
-            yield doc.key, text
-
-
-def _scan(src: TextSource, cfg: TextShardConfig, work: Path, dedup: Deduplicator) -> _Scan:
-    """Judge every document; store the bad ones in ``quarantine/``; sign the good ones."""
-    found = _Scan()
-    qdir = work / QUARANTINE
-    reasons = []
-    with _bar(None, "reading documents", cfg.progress) as bar:
-        for pos, doc in enumerate(src.docs()):
-            bar.update(1)
-            text, reason, raw = _judge(doc, cfg)
-            split = split_of(doc.key, cfg, has_test=False)
-            if text is None:
-                stored = raw[:cfg.max_doc_bytes]
-                name = f"{QUARANTINE}/{doc.key}.bin"
-                atomic.write_bytes(work / name, stored)
-                found.bad.append(QuarantineRecord(split=split, key=doc.key, where=doc.where, reason=reason or ""))
-                reasons.append({"key": doc.key, "where": doc.where, "reason": reason, "bytes": len(raw),
-                                "stored": name, "stored_bytes": len(stored)})
-                continue
-            sig = dedup.hasher.signature(text) if cfg.dedup and dedup.near else None
-            found.good.append(_Doc(doc.key, split, content_hash(raw), pos, sig))
-    if reasons:
-        qdir.mkdir(parents=True, exist_ok=True)
-        atomic.write_bytes(qdir / "reasons.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in reasons).encode())
-    return found
-
-
-def _deduplicate(found: _Scan, parent: _Parent | None, dedup: Deduplicator, enabled: bool) -> tuple[list[_Doc], Dropped]:
-    """The kept documents in source order. The parent's documents are judged first (in its
-    split order), so a document the parent kept is never dropped for a newer near-copy."""
-    dropped = Dropped()
-    if not enabled:
-        return list(found.good), dropped
-    rank: dict[str, int] = {}
-    if parent is not None:
-        for s in TOKEN_SPLITS:
-            if s in parent.splits:
-                for k in parent.splits[s].keys:
-                    rank.setdefault(k, len(rank))
-    order = sorted(found.good, key=lambda d: (0, rank[d.key]) if d.key in rank else (1, d.pos))
-    keep = set()
-    for d in order:
-        hit = dedup.check(d.key, d.digest, d.sig)
-        if hit is None:
-            keep.add(d.key)
-            continue
-        kind, kept = hit
-        dropped.duplicate_of[d.key] = kept
-        if kind == "exact":
-            dropped.exact_duplicates += 1
-        else:
-            dropped.near_duplicates += 1
-    return [d for d in found.good if d.key in keep], dropped
-
-
-def _tokenizer(src: TextSource, cfg: TextShardConfig, kept: list[_Doc], parent: _Parent | None) -> TextTokenizer:
+def _tokenizer(src: TextSource, cfg: TextShardConfig, kept: list[ScannedDoc], parent: _Parent | None) -> TextTokenizer:
     if parent is not None:
         return load_tokenizer(parent.splits[next(iter(parent.splits))].tokenizer_path)
     given = given_tokenizer(cfg)
@@ -305,7 +206,7 @@ def _tokenizer(src: TextSource, cfg: TextShardConfig, kept: list[_Doc], parent: 
     if not train:
         raise ShardError(f"{src.path}: no document landed in the train split, so there is nothing to learn "
                          "BPE merges from; add documents, lower val/holdout/test fractions, or use tokenizer: byte")
-    return BpeTokenizer.train((t for _, t in _texts(src, cfg, train)), cfg.vocab_size, cfg.min_frequency)
+    return BpeTokenizer.train((t for _, t in texts(src, cfg, train)), cfg.vocab_size, cfg.min_frequency)
 
 
 def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: str,
@@ -313,9 +214,10 @@ def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: s
     if work.exists():  # a killed run: start over (its files are temp names or are rewritten whole)
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    dedup = Deduplicator(cfg.near_dup_threshold, cfg.num_perm, cfg.shingle, cfg.seed, near=True)
-    found = _scan(src, cfg, work, dedup)
-    kept, dropped = _deduplicate(found, parent, dedup, cfg.dedup)
+    dedup = new_deduplicator(cfg)
+    found = scan(src, cfg, dedup, work)
+    first = [k for s in TOKEN_SPLITS if s in parent.splits for k in parent.splits[s].keys] if parent else []
+    kept, dropped = deduplicate(found, first, dedup, cfg.dedup)
     tok = _tokenizer(src, cfg, kept, parent)
     atomic.write_bytes(work / TOKENIZER_NAME, tok.to_json())
     dtype = "uint16" if tok.vocab_size <= 65535 else "uint32"
@@ -343,16 +245,16 @@ def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: s
     return manifest
 
 
-def _write_splits(src: TextSource, cfg: TextShardConfig, work: Path, kept: list[_Doc], tok: TextTokenizer,
+def _write_splits(src: TextSource, cfg: TextShardConfig, work: Path, kept: list[ScannedDoc], tok: TextTokenizer,
                   dtype: np.dtype, parent: _Parent | None):
     """Every split's files: the parent's unchanged documents first (token bytes copied), then
     the new and changed ones, tokenised in source order."""
-    by_split: dict[str, list[_Doc]] = {s: [] for s in TOKEN_SPLITS}
+    by_split: dict[str, list[ScannedDoc]] = {s: [] for s in TOKEN_SPLITS}
     for d in kept:
         by_split[d.split].append(d)
     delta = TokenDelta() if parent is not None else None
     writers: dict[str, SplitWriter] = {}
-    new: dict[str, _Doc] = {}
+    new: dict[str, ScannedDoc] = {}
     try:
         for s in TOKEN_SPLITS:
             reuse, reused_shards = _reuse_plan(parent, s, by_split[s], delta)
@@ -367,21 +269,22 @@ def _write_splits(src: TextSource, cfg: TextShardConfig, work: Path, kept: list[
             if delta is not None:
                 delta.reused_docs += len(reuse)
                 delta.added[s] = sum(1 for d in by_split[s] if d.key not in done)
-        with _bar(len(new), "tokenising", cfg.progress) as bar:
+        with progress_bar(len(new), "tokenising", cfg.progress) as bar:
             batch: list[tuple[str, str]] = []
-            for item in _texts(src, cfg, set(new)):
+            for item in texts(src, cfg, set(new)):
                 batch.append(item)
                 if len(batch) >= BATCH:
                     _flush(batch, tok, new, writers, bar)
             _flush(batch, tok, new, writers, bar)
-        return {s: writers[s].finish() for s in TOKEN_SPLITS}, delta
+        # a reused document is in by_split too (same key, same bytes), so this counts every document
+        return {s: writers[s].finish(sum(d.nbytes for d in by_split[s])) for s in TOKEN_SPLITS}, delta
     except BaseException:
         for w in writers.values():
             w.abort()
         raise
 
 
-def _flush(batch: list[tuple[str, str]], tok: TextTokenizer, new: dict[str, _Doc],
+def _flush(batch: list[tuple[str, str]], tok: TextTokenizer, new: dict[str, ScannedDoc],
            writers: dict[str, SplitWriter], bar) -> None:
     for (key, _), ids in zip(batch, tok.encode_batch([t for _, t in batch])):
         d = new[key]
@@ -390,7 +293,7 @@ def _flush(batch: list[tuple[str, str]], tok: TextTokenizer, new: dict[str, _Doc
     batch.clear()
 
 
-def _reuse_plan(parent: _Parent | None, split: str, docs: list[_Doc], delta: TokenDelta | None):
+def _reuse_plan(parent: _Parent | None, split: str, docs: list[ScannedDoc], delta: TokenDelta | None):
     """The parent's document indices whose tokens this version copies (kept, same bytes), in
     the parent's order, and the parent's tar shards that still hold the same documents at the
     same indices (every shard before the first document that left)."""

@@ -41,6 +41,10 @@ class TextTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
+    def decode_batch(self, docs: list[np.ndarray]) -> list[str]:
+        """Each document's text (its end-of-text ids, if any, left out)."""
+        return [self.decode(d) for d in docs]
+
     def to_json(self) -> bytes:
         raise NotImplementedError
 
@@ -53,6 +57,16 @@ class ByteTokenizer(TextTokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(int(i) for i in ids if int(i) != self.eot).decode("utf-8", errors="replace")
+
+    def decode_batch(self, docs: list[np.ndarray]) -> list[str]:
+        out = []
+        for d in docs:  # vectorised: a split's documents are decoded to count or re-encode their text
+            a = np.asarray(d)
+            a = a[a != self.eot]
+            if a.size and int(a.max()) > 255:
+                raise ValueError(f"byte tokenizer: id {int(a.max())} is not a byte")
+            out.append(a.astype(np.uint8).tobytes().decode("utf-8", errors="replace"))
+        return out
 
     def to_json(self) -> bytes:
         return (json.dumps({"kind": "byte", "vocab_size": self.vocab_size, "eot": self.eot,
@@ -93,6 +107,9 @@ class BpeTokenizer(TextTokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def decode_batch(self, docs: list[np.ndarray]) -> list[str]:
+        return self.tok.decode_batch([np.asarray(d).tolist() for d in docs], skip_special_tokens=True)
 
     def to_json(self) -> bytes:
         return self.tok.to_str(pretty=True).encode()

@@ -110,7 +110,8 @@ class SplitWriter:
         with contextlib.suppress(BaseException):
             self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
 
-    def finish(self) -> TokenSplitRecord:
+    def finish(self, text_bytes: int | None = None) -> TokenSplitRecord:
+        """The split's record; ``text_bytes``: the UTF-8 bytes of its documents' text."""
         if len(self.keys) < self.reuse_docs:
             raise RuntimeError(f"split {self.split}: {len(self.keys)} documents, fewer than the "
                                f"{self.reuse_docs} the reused shards hold")
@@ -130,7 +131,8 @@ class SplitWriter:
                                 offsets=file_record(self.work, d / "offsets.npy"),
                                 keys=file_record(self.work, d / "keys.txt"),
                                 sums=file_record(self.work, d / "sums.npy"),
-                                content=file_record(self.work, d / "content.npy"), shards=self.shards)
+                                content=file_record(self.work, d / "content.npy"), shards=self.shards,
+                                text_bytes=text_bytes)
 
 
 __all__ = ["SplitWriter", "file_record", "save_npy"]
