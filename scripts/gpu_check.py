@@ -38,8 +38,10 @@ Without a GPU it stops at once with a one-line message (exit 3), unless ``--dry-
 ``GPU_CHECK_DRY_RUN=1``): then it does all of the above on the CPU, where every GPU test must skip
 cleanly and the benchmark runs its CPU-side arms only. The dry run's env sees from the interpreter
 with torch only what a CUDA image brings (``IMAGE_PACKAGES`` and what they require), so a wheel
-missing from the wheelhouse fails here too. This script needs only the standard library; the
-interpreter with torch is found as ``$GPU_PY``, else this one, else ``.venv/bin/python``.
+missing from the wheelhouse fails here too. This script needs only the standard library and its
+two siblings in scripts/ (``gpu_check_env.py``: the throwaway env; ``gpu_check_proc.py``: a step
+run under its time limit); the interpreter with torch is found as ``$GPU_PY``, else this one,
+else ``.venv/bin/python``.
 """
 from __future__ import annotations
 
@@ -48,14 +50,20 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+# its siblings in scripts/ (on sys.path already when run as a script, not when loaded by path)
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+# IMAGE_PACKAGES and IMAGE_VIEW are read from here too (tests/test_gpu_check.py), as the env's
+# pieces are (scripts/gpu_batch_ab.py)
+from gpu_check_env import IMAGE_PACKAGES, IMAGE_VIEW, install, make_venv, probe  # noqa: E402, F401
+from gpu_check_proc import fail, run, say  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TEST_FILES = ["tests/test_gpu_paths.py", "tests/test_train.py", "tests/test_loader_dali.py",
@@ -70,12 +78,6 @@ IMPORTS = ["torch", "numpy", "cv2", "PIL", "yaml", "fsspec", "tqdm", "pytest", "
 # what the front door imports: the flows, Prefect and its API server, all from the wheelhouse
 FRONT_DOOR_IMPORTS = ["prefect*", "fastapi*", "sqlalchemy*", "aiosqlite*", "uvicorn*", "docket*",
                       "matplotlib", "sluice.flows.nightly*", "prefect.server.api.server*"]
-# What a CUDA image is assumed to bring (scripts/gpu-wheelhouse.txt); the dry run's env sees these
-# and what they require from the interpreter with torch, nothing else
-IMAGE_PACKAGES = ["torch", "torchvision", "timm", "transformers", "tokenizers", "safetensors",
-                  "huggingface-hub", "numpy", "pillow", "opencv-python", "opencv-python-headless",
-                  "matplotlib", "pyyaml", "fsspec", "tqdm", "packaging", "typing-extensions", "jinja2",
-                  "requests", "regex", "pytest", "pytest-timeout"]
 # --loader (GPU_CHECK_ARGS=--loader): benchmarks.gpu_loader alone, in its quick mode, within 8 minutes
 # (LOADER_LIMIT_S) on one GPU and 16 cores: writing the 10,000 ImageNet-like JPEGs (~30 s) and
 # sharding them (~1 min), then 24 windows (4 arms x 2 sizes x 3 repeats, ~10 s each); the benchmark
@@ -95,26 +97,6 @@ BUDGET = {"gpu": 540, "dry-run": 3600}
 DRY_RUN_SETTINGS = {"demo": ["train.epochs=1"], "night": ["warm.epochs=0.5"]}
 GROW_FRACTION = 0.1  # the second night's source: Fashion-MNIST and 10% more
 
-PROBE = r"""
-import json, os, shutil, subprocess, sys, site
-import torch
-info = {"python": sys.executable, "version": "%d.%d" % sys.version_info[:2], "torch": torch.__version__,
-        "cuda_build": torch.version.cuda, "cuda": torch.cuda.is_available(),
-        "in_venv": sys.prefix != sys.base_prefix, "site": site.getsitepackages()}
-if info["cuda"]:
-    p = torch.cuda.get_device_properties(0)
-    info.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(),
-                capability="%d.%d" % (p.major, p.minor), memory_gib=round(p.total_memory / 2**30, 1))
-smi = shutil.which("nvidia-smi")
-info["nvidia_smi"] = smi
-if smi:
-    try:
-        info["driver"] = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=20).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        info["driver"] = None
-print(json.dumps(info))
-"""
 
 CHECK_IMPORTS = r"""
 import importlib, json, sys
@@ -137,32 +119,6 @@ if sys.argv[3] == "without-prefect":
 print(json.dumps(out))
 """
 
-# The interpreter with torch, in the dry run: a folder of links to what the image is assumed to
-# bring (IMAGE_PACKAGES and, recursively, what each requires), each as installed in this Python
-IMAGE_VIEW = r"""
-import importlib.metadata as md, json, os, re, sys
-dest, want = sys.argv[1], json.loads(sys.argv[2])
-norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-dists = {}
-for d in md.distributions():
-    dists.setdefault(norm(d.metadata["Name"] or ""), d)
-todo, seen = [norm(n) for n in want], []
-while todo:
-    n = todo.pop()
-    if n in seen or n not in dists:
-        continue
-    seen.append(n)
-    for req in dists[n].requires or []:
-        if not re.search(r"extra\s*==", req):
-            todo.append(norm(re.match(r"[A-Za-z0-9_.-]+", req).group(0)))
-for n in seen:
-    d = dists[n]
-    for top in sorted({f.parts[0] for f in d.files or [] if f.parts and f.parts[0] != ".."}):
-        src, link = str(d.locate_file(top)), os.path.join(dest, top)
-        if os.path.exists(src) and not os.path.lexists(link) and not top.endswith(".pth"):
-            os.symlink(src, link)
-print(json.dumps(sorted(seen)))
-"""
 
 # The second night's source: the demo's own Fashion-MNIST folder (a copy), grown in place by a
 # seeded tenth more training images, mirrored copies of existing ones (the dataset has no more),
@@ -204,146 +160,6 @@ print(json.dumps({"champion": champ.model_id if champ else None, "models": [
                     ("init", "parent_model", "new", "replayed", "epochs", "lr_scale")} or None}
     for r in reg.list()]}, default=str))
 """
-
-
-def say(msg: str) -> None:
-    print(f"gpu-check: {msg}", flush=True)
-
-
-def fail(msg: str, code: int = 2) -> "SystemExit":
-    print(f"gpu-check: {msg}", file=sys.stderr, flush=True)
-    return SystemExit(code)
-
-
-def probe(candidates: list[str]) -> dict:
-    """The first interpreter among ``candidates`` that imports torch, described."""
-    tried = []
-    for py in candidates:
-        if not py or not (shutil.which(py) or Path(py).exists()):
-            continue
-        try:
-            r = subprocess.run([py, "-c", PROBE], capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            tried.append(f"{py} ({e})")
-            continue
-        if r.returncode == 0 and r.stdout.strip():
-            return json.loads(r.stdout.strip().splitlines()[-1])
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        tried.append(f"{py} ({last})")
-    raise fail("no Python with torch found (tried: " + "; ".join(tried or candidates) +
-               "); set GPU_PY to the interpreter that has the CUDA build of torch")
-
-
-def run(cmd: list, log: Path, cwd: Path | None = None, env: dict | None = None,
-        echo: bool = False, timeout: float | None = None) -> int:
-    """Run ``cmd``, its output into ``log`` (and to the console with ``echo``); its exit code, or
-    124 when it ran past ``timeout`` seconds (then it and every process it started is killed)."""
-    with open(log, "a") as f:
-        f.write(f"$ {' '.join(map(str, cmd))}\n")
-        f.flush()
-        p = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-
-        def pump() -> None:
-            for line in p.stdout:
-                f.write(line)
-                f.flush()
-                if echo:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kin = descendants(p.pid)  # the training ranks run in sessions of their own
-            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
-                for pid in kin:
-                    try:
-                        os.kill(pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            rc = 124
-        else:  # the group's leader is gone: end what it left behind (a server, a rank)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        reader.join(timeout=30)
-        if rc == 124:
-            f.write(f"gpu-check: timed out after {timeout:.0f} s; killed\n")
-        return rc
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc; none where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def make_venv(base: dict, venv: Path, log: Path, image_only: bool = False) -> tuple[Path, list[str]]:
-    """A throwaway venv seeing ``base``'s torch; (its python, the pip command for it). With
-    ``image_only`` (the dry run) it sees only what a CUDA image brings (IMAGE_PACKAGES) of the
-    base's packages, through a folder of links beside it."""
-    py = base["python"]
-    flags = [] if base["in_venv"] or image_only else ["--system-site-packages"]
-    if run([py, "-m", "venv", *flags, venv], log) != 0:  # no ensurepip (Debian without python3-venv)
-        shutil.rmtree(venv, ignore_errors=True)
-        if run([py, "-m", "venv", "--without-pip", *flags, venv], log) != 0:
-            raise fail(f"cannot create a virtualenv with {py} (see {log})")
-    vpy = venv / "bin" / "python"
-    site = base["site"]
-    if image_only:
-        view = venv.parent / "image-site"
-        view.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([py, "-c", IMAGE_VIEW, str(view), json.dumps(IMAGE_PACKAGES)], capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            raise fail(f"cannot make the image's view of {py}: {r.stderr.strip()[-500:]}")
-        with open(log, "a") as f:
-            f.write(f"image view {view}: {r.stdout.strip()}\n")
-        site = [str(view)]
-    if base["in_venv"] or image_only:  # a venv's packages are not "system" ones: name them in a .pth file
-        purelib = subprocess.run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-        Path(purelib, "_gpu_check_base.pth").write_text("\n".join(site) + "\n")
-    has_pip = subprocess.run([vpy, "-m", "pip", "--version"], capture_output=True).returncode == 0
-    pip = [str(vpy), "-m", "pip"] if has_pip else [py, "-m", "pip", "--python", str(vpy)]
-    return vpy, pip
-
-
-def install(pip: list[str], wheelhouse: Path, log: Path, timeout: float | None = None) -> list[str]:
-    wheels = sorted(str(p) for p in wheelhouse.glob("*.whl"))
-    if not any(Path(w).name.startswith("sluice-") for w in wheels):
-        raise fail(f"{wheelhouse} has no sluice wheel; rebuild it with make wheelhouse")
-    # every wheel, no index, no dependency resolution: the image's torch stays as it is; installed
-    # into the env even where the base already has a copy (so the wheelhouse is what is tested)
-    cmd = [*pip, "install", "--no-index", "--no-deps", "--ignore-installed", "--disable-pip-version-check",
-           "--find-links", str(wheelhouse), *wheels]
-    rc = run(cmd, log, timeout=timeout)
-    if rc != 0:
-        raise fail(f"installing from {wheelhouse} {'timed out' if rc == 124 else 'failed'} (see {log})")
-    return [Path(w).name for w in wheels]
 
 
 def skipped_tests(junit: Path) -> tuple[dict, list[dict]]:
