@@ -33,7 +33,8 @@ import numpy as np
 
 from benchmarks.common import RESULTS, table, write_result
 from benchmarks.hostinfo import describe_run
-from benchmarks.nightly_growth import fashion_mnist, plain_recipe, run_plain, run_sluice, write_night
+from benchmarks.nightly_growth_arms import plain_recipe, run_plain, run_sluice
+from benchmarks.nightly_growth_source import fashion_mnist, write_night
 from benchmarks.time_to_accuracy import seconds_to, summarize
 
 TARGET = 0.93

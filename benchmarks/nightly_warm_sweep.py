@@ -32,8 +32,9 @@ from typing import Any
 
 from benchmarks.common import RESULTS, table, write_result
 from benchmarks.hostinfo import describe_run, load_average, results_name
-from benchmarks.nightly_growth import (FULL, QUICK, WITHIN, fashion_mnist, plain_recipe, plan_nights, run_plain,
-                                       run_sluice, seconds_to, write_night)
+from benchmarks.nightly_growth_arms import plain_recipe, run_plain, run_sluice
+from benchmarks.nightly_growth_source import FULL, QUICK, fashion_mnist, plan_nights, write_night
+from benchmarks.nightly_growth_summary import WITHIN, seconds_to
 
 # warm.* settings tried. A first grid around the defaults (lr_scale 0.5 and 1.0, replay_ratio 1-5;
 # seed 0, commit dde1fef) ended night 1 below the champion it started from (-0.75 points against

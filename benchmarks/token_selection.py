@@ -79,9 +79,9 @@ def _stats(xs: list[float]) -> dict[str, float]:
 # ================================================================== data
 def corpus(s: dict[str, Any]) -> dict[str, str]:
     """The three sources' token artifacts (``{name: version directory}``): the raw text through
-    ``benchmarks.tokens.debian_text`` (cached per limit), sharded as the text recipe does (the
+    ``benchmarks.tokens_common.debian_text`` (cached per limit), sharded as the text recipe does (the
     tokenizer learnt on the first source and shared; cached by the shard stage's fingerprint)."""
-    from benchmarks.tokens import debian_text
+    from benchmarks.tokens_common import debian_text
     from sluice.stages.data.text import TextShardConfig, shard_text
     tag = "-".join(f"{k}{v}" for k, v in s["limit"].items())
     text = debian_text(CACHE / f"text-{tag}", s["limit"])
