@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import describe_run, load_average, results_name
+from benchmarks.hostinfo import class_of, describe_run, load_average, results_name
+from benchmarks.results_page import _pct, _s, provenance
 
 GOAL_ACC, GOAL_S = 0.92, 180.0
 RESOLVED = "resolved for this host: "  # the line `sluice demo` prints before it starts
@@ -48,6 +49,25 @@ def one_run() -> dict[str, Any]:
                 "train_steps": metrics.get("steps")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+def results_section(d: dict[str, Any], name: str = "demo.json") -> list[str]:
+    g = d["goal"]
+    runs = d["runs"]
+    resolved = runs[0].get("resolved")
+    return [f"#### `make demo`, once set up ({class_of(d)})", "",
+            f"`sluice demo` on a fresh data root: median {_s(d['median_wall_s'])} "
+            f"({_s(min(r['wall_s'] for r in runs))}–{_s(max(r['wall_s'] for r in runs))}, {len(runs)} runs), "
+            f"champion test accuracy {_pct(d['median_test_acc'])}. Goal ≥ {_pct(g['test_acc_at_least'], 0)} "
+            f"in ≤ {g['seconds_at_most']:.0f} s: **{'met' if g['met'] else 'missed'}**"
+            + (" in simulation only (its time is the newer CPU's, not an AVX2 host's)."
+               if d.get("host_class_simulated") else ".")
+            + (" The demo's seed is fixed, so the runs differ in wall time only: the accuracy is one "
+               "seed's." if len({r['test_acc'] for r in runs}) == 1 else "")
+            + (f" Resolved: {resolved}." if resolved else ""), "",
+            provenance(d, name)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import describe_run, load_average, results_name
+from benchmarks.hostinfo import class_of, describe_run, load_average, results_name
+from benchmarks.results_page import provenance
 
 # (ranks, threads per rank, batch per rank) on a 2-core host; the first is today's default
 LAYOUTS = [(2, 1, 64), (2, 1, 128), (1, 2, 128), (1, 2, 256)]
@@ -45,6 +46,16 @@ def one(c_base: dict[str, Any], data: dict[str, Any], layout: tuple[int, int, in
     rates = [r["samples_per_s"] for r in recs if "samples_per_s" in r][5:]  # past the warm-up
     return {"layout": f"{ranks}x{threads}, {batch}/rank", "ranks": ranks, "threads": threads,
             "batch_per_rank": batch, "steps": steps, "samples_per_s": statistics.median(rates)}
+
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+def results_section(d: dict[str, Any], name: str) -> list[str]:
+    lines = [f"#### Trainer throughput per rank layout ({class_of(d)})", "",
+             "| ranks x threads, batch per rank | samples/s: median (min–max) |", "|---|---|"]
+    for row in d["summary"]:
+        lines.append(f"| {row['layout']} | {row['median samples/s']:,.0f} ({row['min']:,.0f}–{row['max']:,.0f}) |")
+    return lines + ["", provenance(d, name)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -48,9 +48,11 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import table, write_result
 from benchmarks.photo_crops import CACHE, make_photo_folder
+from benchmarks.results_page import provenance
 
 SIDE = 256  # stored size of the large dataset's JPEGs (sources are 96..256 px, variable)
 SOURCE_BYTES = {"full": 3.3e9, "quick": 0.16e9}  # JPEG bytes of the photo folder (≈ the tar shards)
@@ -280,6 +282,44 @@ def summarise(rows: list[dict], bps: dict, throttle: int, limit: int) -> dict:
     ok_mem = all(v["oom"] == 0 and v["within_limit"] and not v["failed"] for v in out.values())
     # (a run cut short is slow, not over the limit: its peak is checked like any other)
     return {"arms": out, "decode_bound_limit": decode_limit, "goal": goal, "memory_goal_met": ok_mem}
+
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+def results_section(d: dict[str, Any], name: str = "loader_scale.json") -> list[str]:
+    ds, g = d["dataset"], d.get("goal") or {}
+    lines = [f"#### The loader beyond memory ({ds['tar_bytes'] / 1e9:.1f} GB of JPEG shards, "
+             f"{ds['samples']:,} samples, under a {d['memory_limit_bytes'] / 2**20:,.0f} MiB memory cgroup)", "",
+             f"Each run: {d.get('batches_per_run')} batches of 256 after {d.get('warmup_batches', 0)} of warm-up, "
+             "RRC to 128 + flip + normalise, 2 decode workers, in a fresh child process. `throttled`: the memory "
+             f"limit, a {d['throttle_bytes_per_s'] / 1e6:,.0f} MB/s blkio read throttle and a cold page cache; "
+             "`cached`: the files in the page cache, no limit (this sets the decode-bound limit). "
+             "Median of the repeats, min–max beside it.", "",
+             "| arm | samples/s: median (min–max) | storage-bound limit | peak memory | OOM kills | verdict |",
+             "|---|---|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        sp = a["samples_per_s"]
+        cut = (f", cut short after {a['timed_out']} run(s) of {d.get('run_timeout_s', '?')} s: pace so far"
+               if a.get("timed_out") else "")
+        rng = f" ({sp['min']:,.0f}–{sp['max']:,.0f})" if sp.get("n", 0) > 1 else ""
+        val = f"{sp['median']:,.0f}{rng}{cut}" if sp else f"no run finished ({a['failed']} failed)"
+        lim = "—" if a["storage_bound_limit"] is None else f"{a['storage_bound_limit']:,.0f}"
+        over = "" if a["within_limit"] else " (over the limit)"
+        lines.append(f"| {arm} | {val} | {lim} | {a['peak_bytes_max'] / 2**20:,.0f} MiB{over} | {a['oom']} | "
+                     f"{a.get('verdict') or '—'} |")
+    if g:
+        lines += ["", f"Goal: the best throttled arm ({g['best_throttled_arm']}, {g['samples_per_s']:,.0f} samples/s) "
+                      f"at ≥ 0.8× the lower of its storage-bound ({g['storage_bound_limit']:,.0f}) and the "
+                      f"decode-bound ({g['decode_bound_limit']:,.0f}, the best cached arm) limits: "
+                      f"{g['ratio']:.3f}×, **{'met' if g['met'] else 'missed'}**. No run OOM-killed or over the "
+                      f"memory limit: **{'met' if d['memory_goal_met'] else 'missed'}**."]
+    if d.get("auto_under_limit"):
+        lines += ["", f"`auto` under the limit: {d['auto_under_limit']}"]
+    if d.get("mode") == "quick":
+        lines += ["", "Quick mode: a smaller dataset and 12 batches a run: a check that everything runs, "
+                      "not the measurement the goals ask for."]
+    lines += ["", provenance(d, name)]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -45,7 +45,7 @@ test images: a smoke run, not the measurement the goals ask for.
 
 This module runs the nights and the sweep and writes the file; the growing source is
 ``benchmarks.nightly_growth_source``, the arms ``benchmarks.nightly_growth_arms``, and the summary
-per night and the goals ``benchmarks.nightly_growth_summary``.
+per night, the goals and the section of docs/results.md ``benchmarks.nightly_growth_summary``.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """What a ``benchmarks.nightly_growth`` results file says: each arm's night against that seed's plain
-scratch (and fine-tune) night, the medians over the seeds per night, and the goals.
+scratch (and fine-tune) night, the medians over the seeds per night, the goals, and the
+benchmark's section of docs/results.md.
 """
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import statistics
 from typing import Any
 
 from benchmarks.nightly_growth_arms import SLUICE_ARMS
+from benchmarks.results_page import _pct, _pts, _s, provenance
 
 WITHIN = 0.002  # "within 0.2 points"
 GOALS = {"bytes_vs_new_at_most": 1.2, "points_below_scratch_at_most": 0.2,
@@ -116,3 +118,83 @@ def goals(per_night: list[dict[str, Any]]) -> dict[str, Any]:
                     "zero_overlap": all(r["overlap_max"] == 0 for r in rows)}
     return out
 
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+def _xs(v: float | None) -> str:
+    """A ratio of times: None is a run that never got there, 0 one whose reference never did."""
+    return "never" if v is None else "fine-tune never did" if v == 0 else f"{v:.2f}×"
+
+
+def results_section(d: dict[str, Any], name: str = "nightly_growth.json") -> list[str]:
+    """Nightly retraining on a growing source: per night and arm, medians over the seeds."""
+    st, sch = d["settings"], d["settings"]["schedule"]
+    ft, plain = st["finetune"], st["plain"]
+    lines = [f"The {sch['first'] + sch['per_night'] * (sch['nights'] - 1):,} training images revealed over "
+             f"{sch['nights']} nights ({sch['first']:,} on night 0, +{sch['per_night']:,} a night; "
+             f"{sch['mislabelled']} of night 0's mislabelled until night {sch['corrected_on']}, "
+             f"{sch['deleted']} deleted on night {sch['deleted_on']}), graded on {sch['test_images']:,} test images. "
+             f"`plain scratch`: {plain['variant']}, {plain['epochs']:g} epochs on every image so far; "
+             f"`plain fine-tune`: the same from its previous night's weights, {ft['epochs']:g} epochs at peak lr "
+             f"{ft['lr']:g} ({st['finetune_from']}); `sluice nightly`: the deployment's flow, default parameters. Medians over the seeds (test accuracy: min–max "
+             "beside it); wall: the process from its start (Sluice's less starting Prefect's embedded API); "
+             "\"to −0.2\": seconds until the model is within 0.2 points of that night's `plain scratch`, "
+             "and that against `plain scratch`'s wall time and `plain fine-tune`'s time to the same accuracy; "
+             "written: every file of the night's dataset version, against the bytes of its new samples; "
+             "overlap: the most samples any seed's candidate or champion trained on of the val split "
+             "that decided its promotion.", "",
+             "| night (images) | arm | test accuracy | vs scratch (points) | wall | training | written (vs new) "
+             "| to −0.2 | vs scratch wall | vs fine-tune | promoted | overlap |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = d.get("arms") or []  # the benchmark's order (the file's keys are sorted)
+    for night in d["nights"]:
+        for arm in sorted(night["arms"], key=lambda x: order.index(x) if x in order else len(order)):
+            a = night["arms"][arm]
+            med = lambda k, a=a: (a.get(k) or {}).get("median")  # noqa: E731
+            acc = a["test_acc"]
+            rng = f" ({_pct(acc['min'])}–{_pct(acc['max'])})" if acc.get("n", 0) > 1 else ""
+            wrote = "—" if "bytes_vs_new" not in a else \
+                f"{(med('bytes_written') or 0) / 1e6:,.1f} MB ({_xs(med('bytes_vs_new'))})"
+            tw = a.get("to_within_s") or {}
+            reach = (f"never ({tw['misses']} of {tw['n']} seeds)" if tw.get("median") is None else
+                     _s(tw["median"]) + (f", {tw['misses']} of {tw['n']} seeds never" if tw.get("misses") else ""))
+            promoted = f"{sum(a['promoted'])}/{len(a['promoted'])}" if "promoted" in a else "—"
+            lines.append(
+                f"| {night['night']} ({night['samples']:,}) | {arm} | {_pct(acc['median'])}{rng} | "
+                f"{'—' if arm == 'plain scratch' else _pts(med('points_vs_scratch'))} | {_s(med('wall_s'))} | "
+                f"{_s(med('train_s'))} | {wrote} | "
+                f"{'—' if arm == 'plain scratch' else reach} | "
+                f"{'—' if arm == 'plain scratch' else _xs(med('vs_scratch_wall'))} | "
+                f"{_xs(med('vs_finetune')) if 'vs_finetune' in a else '—'} | "
+                f"{promoted} | "
+                f"{max(a['overlap']) if 'overlap' in a else '—'} |")
+    for arm, g in (d.get("goals") or {}).items():
+        word = lambda ok: "met" if ok else "missed"  # noqa: E731
+        nights = g["per_night"]
+        bad = lambda key: [str(r["night"]) for r in nights if not r[key]]  # noqa: E731
+        lines += ["", f"Goals for `{arm}` (every night, medians of the seeds): writes ≤ 1.2× the bytes of the "
+                      f"night's new samples (plus manifest): **{word(g['bytes'])}**"
+                      + (f" (missed on nights {', '.join(bad('bytes_met'))})" if bad("bytes_met") else "")
+                      + "; within 0.2 points of `plain scratch` in ≤ 0.25× its wall time and ≤ 0.5× `plain "
+                      f"fine-tune`'s time to that accuracy: **{word(g['accuracy_and_time'])}**"
+                      + (f" (missed on nights {', '.join(bad('time_met'))})" if bad("time_met") else "")
+                      + f"; on the last night (night {g['last_night']['night']}) no more than 0.2 points below "
+                      f"`plain scratch`: **{word(g['last_night']['met'])}** "
+                      f"({_pts(g['last_night']['points_vs_scratch'])} points); zero overlap every night: "
+                      f"**{word(g['zero_overlap'])}**."]
+    seeds = sorted({int(s) for a in d["runs"].values() for s in a})
+    if len(seeds) < 3:
+        lines += ["", f"**{len(seeds)} seed{'s' if len(seeds) != 1 else ''} measured ({', '.join(map(str, seeds))}) of "
+                      "the 3 the goals ask for**: the medians above are of those alone, so no goal counts as met "
+                      "or missed for good until the other seeds run (`--seeds N` merges into this file)."]
+    if st.get("mode") == "quick":
+        lines += ["", "Quick mode: a tenth of the scale and fewer nights and epochs: a check that everything "
+                      "runs, not the measurement the goals ask for."]
+    prov = {(p["commit"], p["when"][:10]) for a in d["runs"].values() for r in a.values()
+            for p in [r["provenance"]]}
+    if len(prov) > 1:
+        lines += ["", "Arms and seeds measured in separate runs (merged; the time ratios compare runs made at "
+                      "different times, not interleaved, so they carry the host's drift between them): " + "; ".join(
+            f"{arm} seed {s}: commit `{str(r['provenance']['commit'])[:12]}`, {r['provenance']['when']}"
+            for arm, a in d["runs"].items() for s, r in a.items()) + "."]
+    return lines + ["", provenance(d, name)]

@@ -35,6 +35,7 @@ from benchmarks.hostinfo import describe_run, load_average, results_name
 from benchmarks.nightly_growth_arms import plain_recipe, run_plain, run_sluice
 from benchmarks.nightly_growth_source import FULL, QUICK, fashion_mnist, plan_nights, write_night
 from benchmarks.nightly_growth_summary import WITHIN, seconds_to
+from benchmarks.results_page import _pts, provenance
 
 # warm.* settings tried. A first grid around the defaults (lr_scale 0.5 and 1.0, replay_ratio 1-5;
 # seed 0, commit dde1fef) ended night 1 below the champion it started from (-0.75 points against
@@ -106,6 +107,41 @@ def choose(tried: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
         return best, "the fewest training steps on warm nights among those within 0.2 points on every night"
     best = max(done, key=lambda t: t["worst_points"])
     return best, "none was within 0.2 points on every night: the one closest on its worst night"
+
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+THEN_DEFAULTS = "that commit's defaults (lr_scale 0.5, replay_ratio 1)"
+
+
+def results_section(d: dict[str, Any], name: str = "nightly_growth_warm_sweep.json") -> list[str]:
+    """The warm-start settings sweep: each setting's points against plain scratch, night by night."""
+    nights = sorted({x["night"] for t in d["settings"] for x in t["nights"]})
+    lines = [f"Warm-start settings swept on seed {d['seeds'][0]} of the same schedule (the nightly flow with "
+             "`warm.init=auto` and each `warm.*` setting, its own data root night after night; points against "
+             f"that seed's `plain scratch`; night 0 has no champion yet, so it is one run for all):", "",
+             "| warm setting | " + " | ".join(f"night {n}" for n in nights) + " | steps, warm nights | within 0.2 every night "
+             "| commit |",
+             "|---|" + "---|" * len(nights) + "---|---|---|"]
+    for t in d["settings"]:
+        by = {x["night"]: x for x in t["nights"]}
+        cells = [_pts(by[n]["points_vs_scratch"]) if n in by else "—" for n in nights]
+        label = ", ".join(f"{k} {v:g}" for k, v in t["warm"].items()) or "defaults"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {t.get('warm_steps', '—')} | "
+                     f"{'yes' if t.get('within') else 'no'} | `{str(t.get('commit') or d['commit'])[:7]}` |")
+    e = d.get("earlier_grid")
+    if e:
+        lines += ["", f"An earlier grid (commit `{e['commit']}`, stopped {e['stopped']}) had night {e['night']} at "
+                      + "; ".join(f"{', '.join(f'{k} {v:g}' for k, v in x['warm'].items()) or THEN_DEFAULTS}: "
+                                  f"{_pts(x['points_vs_scratch'])} points" for x in e["settings"]) + "."]
+    chosen = ", ".join(f"{k} {v:g}" for k, v in d["chosen"].items()) or "the defaults"
+    lines += ["", f"Kept by the sweep's rule ({d['rule']}): {chosen}. The rule reads seed {d['seeds'][0]}'s test "
+                  "accuracy, so that seed's figures above are not an unseen check of the choice; the other seeds "
+                  "of `nightly_growth` are."]
+    if any((t["warm"].get("replay_ratio") or 0) >= 100 for t in d["settings"]):
+        lines[-1] += (" A replay_ratio of 100 is above every night's ratio of old to new samples: it replays "
+                      "every old sample, which the default (`warm.replay_ratio` unset) does.")
+    return lines + ["", provenance(d, name)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

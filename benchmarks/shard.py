@@ -16,11 +16,13 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from benchmarks.common import table, timer, write_result
 from benchmarks.hostinfo import describe_run, load_average
+from benchmarks.results_page import _s, _x, provenance
 
 
 def _dir_bytes(path: Path) -> int:
@@ -75,6 +77,21 @@ def sluice(out: Path, formats: list[str], workers: int, limit: int | None) -> No
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     s = shard_dataset(IngestConfig(limit=limit), out, ShardConfig(formats=formats, workers=workers, progress=False))
     assert not s.reused
+
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+def results_section(d: dict[str, Any]) -> list[str]:
+    rows = {r["name"]: r for r in d["rows"]}
+    ours, raw = rows.get("sluice all formats"), [r for n, r in rows.items() if n.startswith("raw")]
+    lines = ["#### Sharding", ""]
+    if ours and raw:
+        lines.append(f"All three formats of {ours['samples']:,} images: {_s(ours['seconds'], ' s', 1)}, against "
+                     f"{_s(sum(r['seconds'] for r in raw), ' s', 1)} for "
+                     + " + ".join(r["name"].removeprefix("raw ") for r in raw)
+                     + f" alone ({_x(d.get('ratio_to_raw_sum'))}; goal ≤ 1.0×: "
+                     f"**{'met' if d.get('goal_met') else 'missed'}**).")
+    return lines + ["", provenance(d, "shard.json")]
 
 
 def main(argv: list[str] | None = None) -> dict:

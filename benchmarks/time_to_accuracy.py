@@ -51,6 +51,7 @@ from typing import Any
 
 from benchmarks.common import table, write_result
 from benchmarks.hostinfo import describe_run, load_average, results_name
+from benchmarks.results_page import _median, _pct, _s, _x, provenance
 
 TARGETS = (0.93, 0.94)
 TRAIN_SOURCE = 60_000  # Fashion-MNIST's training split
@@ -250,6 +251,122 @@ def probe_baseline_settings() -> dict[str, Any]:
                      "step_s": done[0]["step_s"] if done else None})
     best = min((r for r in rows if r["step_s"]), key=lambda r: r["step_s"])
     return {"probe": rows, "chosen": {k: best[k] for k in ("threads", "channels_last", "amp")}}
+
+
+# ------------------------------------------------------------------ its sections of docs/results.md
+
+def results_section(d: dict[str, Any], name: str = "time_to_accuracy.json",
+                    title: str = "Time to accuracy (Fashion-MNIST test split)") -> list[str]:
+    base = any(arm.startswith("baseline") for arm in d["arms"])
+    strongest = d.get("strongest_baseline") or "none reached 93%"
+    fresh = any("startup_s" in r for a in d["arms"].values() for r in a["runs"])
+    start = ("a fresh process that runs the flow: Python, torch and Prefect start-up and sharding "
+             "included, starting Prefect's embedded API not" if fresh else "the flow, sharding included")
+    lines = [f"#### {title}", "",
+             f"Wall clock from the start (Sluice: {start}; the baseline: its "
+             "process) to the first evaluation at or above the target; median of the seeds, "
+             "min–max beside it. Each arm's budget is the smallest of its recorded sweep that "
+             f"reached 93% with seed 0. Ratios are to the fastest baseline arm ({strongest}).", "",
+             "| arm | epochs | to 93%: median (min–max) | vs fastest baseline | to 94% | final accuracy (median) |",
+             "|---|---|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        s93, s94 = a["summary"]["0.93"], a["summary"]["0.94"]
+        rng = "" if s93["min"] is None else f" ({_s(s93['min'])}–{_s(s93['max'])})"
+        miss = f", {s93['misses']} of {len(a['runs'])} seeds missed" if s93["misses"] else ""
+        lines.append(f"| {arm} | {a['budget_epochs']:g} | {_s(s93['median'])}{rng}{miss} | "
+                     f"{_x(a.get('ratio_to_baseline_93'))} | {_s(s94['median'])} | {_pct(a['final_acc_median'])} |")
+    sweeps = [f"{arm}: " + ", ".join(f"{r['epochs']:g} epochs {_pct(r['final_acc'])}"
+                                     + ("" if r["seconds_to_target"].get("0.93") is not None else " (missed 93%)")
+                                     for r in a.get("sweep", []))
+              for arm, a in d["arms"].items() if a.get("sweep")]
+    if sweeps:
+        lines += ["", "The sweep (seed 0, final accuracy at each budget): " + "; ".join(sweeps) + "."]
+    goals = d.get("goals") or {}
+    if goals:
+        lines += ["", "Goals: " + "; ".join(
+            f"{name.replace('_', ' ')}: **{'met' if g['met'] else 'missed'}**"
+            + (f" ({_x(g['ratio'])})" if g.get("ratio") is not None else "")
+            for name, g in goals.items()) + "."]
+    if base:
+        st = d.get("baseline_settings", {}).get("chosen", {})
+        amp = {"none": "fp32", "bf16": "bf16 autocast"}.get(st.get("amp", "none"), st.get("amp"))
+        lines += ["", f"The baseline ran with {st.get('threads', '?')} threads, channels-last "
+                      f"{'on' if st.get('channels_last') else 'off'}, {amp} (its fastest setting in "
+                      "the recorded probe)."]
+        probe = d.get("baseline_settings", {}).get("probe", [])
+        fastest = {mode: min((r["step_s"] for r in probe if r.get("amp", "none") == mode and r["step_s"]),
+                             default=None) for mode in ("none", "bf16")}
+        if all(fastest.values()):
+            lines[-1] += (f" Its fastest step (batch 256) in fp32: {fastest['none']:.3f} s; with bf16 "
+                          f"autocast: {fastest['bf16']:.3f} s ({fastest['none'] / fastest['bf16']:.2f}× "
+                          "faster).")
+    ours = sorted({r["amp"] for a in d["arms"].values() for r in a["runs"] if r.get("amp")})
+    if ours:
+        lines += ["", f"Sluice's `amp: auto` resolved to {', '.join(ours)} on this host."]
+    lines += _where_the_time_goes(d)
+    api = d.get("prefect_embedded_api_start_s")
+    if api:
+        when = "median of the runs" if fresh else "once per benchmark process"
+        lines += ["", f"Not counted for Sluice: starting Prefect's embedded API ({api:.0f} s, {when}; "
+                      "a deployment's runs use a server that is already up)."]
+    lines += ["", provenance(d, name)]
+    return lines
+
+
+def _where_the_time_goes(d: dict[str, Any]) -> list[str]:
+    """Each arm's fixed costs and its pace, from the evaluations' wall times (medians over its
+    seeds): what a faster default would have to cut."""
+    if not any(r.get("evals") for a in d["arms"].values() for r in a["runs"]):
+        return []
+    secs = lambda v: "—" if v is None else f"{v:.1f} s"  # noqa: E731 - not recorded, not "missed"
+    lines = ["", "Where the time goes (medians over each arm's seeds; the start-up and sharding columns "
+                 "are recorded for Sluice's runs only; an epoch's time includes its evaluation):", "",
+             "| arm | start-up (imports) | sharding | first evaluation (after epoch 1) | each later epoch |",
+             "|---|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        runs = a["runs"]
+        evals = [r.get("evals") or [] for r in runs]
+        first = _median([e[0]["wall_s"] for e in evals if e])
+        later = _median([y["wall_s"] - x["wall_s"] for e in evals for x, y in zip(e, e[1:])
+                         if abs(y["epoch"] - x["epoch"] - 1) < 0.01])
+        lines.append(f"| {arm} | {secs(_median([r.get('startup_s') for r in runs]))} | "
+                     f"{secs(_median([r.get('shard_s') for r in runs]))} | {secs(first)} | {secs(later)} |")
+    strongest = d["arms"].get(d.get("strongest_baseline") or "")
+    base93 = strongest and strongest["summary"]["0.93"]["median"]
+    if base93:
+        lines += ["", f"The ≤ 0.5× goal asks for 93% by {0.5 * base93:.0f} s: half the strongest baseline's "
+                      f"median ({base93:.0f} s)."]
+    return lines
+
+
+def candidates_section(d: dict[str, Any]) -> list[str]:
+    """A candidate for the default measured beside the default and the baseline (same protocol)."""
+    return results_section(d, "time_to_accuracy_candidates.json",
+                           "Candidates for the default: time to accuracy (Fashion-MNIST test split)")
+
+
+def ablation_section(d: dict[str, Any]) -> list[str]:
+    """Each technique of the default recipe left out (or a candidate added) at the default's budget."""
+    ref = d["arms"].get("sluice")
+    if not ref:
+        return []
+    lines = ["#### Ablations of the default recipe (Fashion-MNIST test split)", "",
+             f"The default recipe as it was at commit `{str(d.get('commit', '?'))[:12]}` ('sluice'), "
+             f"every arm at its budget ({ref['budget_epochs']:g} epochs), seeds interleaved; "
+             "time to 93% as above, a seed that never reaches it counting as infinitely slow.", "",
+             "| arm | to 93%: median (min–max) | final accuracy: median (min–max) | vs the default |",
+             "|---|---|---|---|"]
+    for arm, a in d["arms"].items():
+        s93 = a["summary"]["0.93"]
+        rng = "" if s93["min"] is None else f" ({_s(s93['min'])}–{_s(s93['max'])})"
+        miss = f", {s93['misses']} of {len(a['runs'])} seeds missed" if s93["misses"] else ""
+        acc = a["final_acc"]
+        delta = 100 * (a["final_acc_median"] - ref["final_acc_median"])
+        lines.append(f"| {arm} | {_s(s93['median'])}{rng}{miss} | {_pct(a['final_acc_median'])} "
+                     f"({_pct(min(acc))}–{_pct(max(acc))}) | "
+                     f"{'—' if arm == 'sluice' else f'{delta:+.2f} points'} |")
+    lines += ["", provenance(d, "time_to_accuracy_ablation.json")]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

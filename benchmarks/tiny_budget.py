@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import table, write_result
-from benchmarks.hostinfo import describe_run, load_average, results_name
+from benchmarks.hostinfo import class_of, describe_run, load_average, results_name
+from benchmarks.results_page import _pct, provenance
 
 # The deployment test's config (tests/test_prefect_deploy.py::_tiny), minus its data root.
 TINY: dict[str, Any] = {
@@ -59,6 +60,18 @@ def one(seed: int, overrides: list[str]) -> dict[str, Any]:
         return {"seed": seed, **json.loads(line[len("RESULT "):])}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ its section of docs/results.md
+
+def results_section(d: dict[str, Any], name: str) -> list[str]:
+    runs = d["runs"]
+    return [f"#### A tiny budget learns ({class_of(d)})", "",
+            "The deployment test's config (1,500 samples, RHO-LOSS, 20 steps of 32 per rank on 2 ranks) "
+            f"with the default recipe: validation accuracy median {_pct(d['median_val_acc'])} "
+            f"({_pct(d['min_val_acc'])}–{_pct(d['max_val_acc'])}, seeds {', '.join(str(r['seed']) for r in runs)}), test "
+            f"{_pct(d['median_test_acc'])}; chance is 10%. Trained as: {runs[0].get('host') or 'not recorded'}.",
+            "", provenance(d, name)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, table
-from benchmarks.hostinfo import describe_run, load_average, results_name
+from benchmarks.hostinfo import class_of, describe_run, load_average, results_name
+from benchmarks.results_page import _la, _pct, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "benchmarks" / ".cache" / "token_selection"
@@ -224,6 +225,48 @@ def verdict(runs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, An
     return {"rows_saved_fraction": rows_saved, "train_s_ratio": train_ratio, "equal_epochs": epochs,
             "equal_rows": rows, "saves_compute_at_equal_quality": saves, "beats_equal_rows": beats,
             "answer": answer, "text": text}
+
+
+# ================================================================== its section of docs/results.md
+def results_section(d: dict[str, Any], name: str) -> list[str]:
+    """InfoBatch on packed token rows against no selection (issue #41): rows trained, seconds and
+    the val loss per token at equal epochs, and against no selection for as many rows."""
+    mode = f", {d['mode']} mode" if d.get("mode") and d["mode"] != "full" else ""
+    s, c, m = d["settings"], d["corpus"], d["settings"]["model"]
+    src = c["sources"]
+    docs = ", ".join(f"{v['train']['documents']:,} {k}" for k, v in src.items())
+    train_tokens = sum(v["train"]["tokens"] for v in src.values())
+    val_tokens = sum(src[k]["val"]["tokens"] for k in c["graded"])
+    ib = s["infobatch"]
+    lines = [f"#### InfoBatch on token rows against no selection ({class_of(d)}{mode})", "",
+             f"A GPT ({m['n_layer']} layers, d {m['d_model']}, {m['n_head']} heads; rows of {s['seq_len']} tokens, "
+             f"{s['batch']} a step, vocabulary {c['vocab_size']:,}; the text recipe's optimiser, fp32, one thread) "
+             f"trained for {s['epochs']} epochs over the three Debian sources' train splits ({docs} documents, "
+             f"{train_tokens:,} tokens), evaluated at the end on the val splits of {', '.join(c['graded'])} "
+             f"({val_tokens:,} tokens). Arms: `none`; `infobatch` (its defaults: prune {ib['prune']:g}, anneal "
+             f"{ib['anneal']:g}, keyed by document); `none_equal`, no selection for {d['none_equal_steps']:,} steps, "
+             "infobatch's median rows (the one-cycle schedule over them): the equal-compute control. "
+             f"Median (min–max) over seeds {d['seeds']}; `none` and `infobatch` interleaved, `none_equal` after.", "",
+             "| arm | rows trained | train s | wall s | val loss per token |", "|---|---|---|---|---|"]
+
+    def mm(v: dict[str, float], digits: int) -> str:
+        return f"{v['median']:,.{digits}f} ({v['min']:,.{digits}f}–{v['max']:,.{digits}f})"
+    for arm, v in d["summary"].items():
+        lines.append(f"| {arm} | {mm(v['rows_trained'], 0)} | {mm(v['train_s'], 0)} | {mm(v['wall_s'], 0)} | "
+                     f"{mm(v['val_loss_per_token'], 4)} |")
+    ibr = [r for r in d["runs"] if r["arm"] == "infobatch"]
+    if ibr:
+        per = [statistics.median(r["rows_by_epoch"][e]["trained"] for r in ibr) for e in sorted(ibr[0]["rows_by_epoch"], key=int)]
+        offered = ibr[0]["rows_by_epoch"]["0"]["offered"]
+        lines += ["", f"InfoBatch's rows trained per epoch (median over seeds): {', '.join(f'{x:,.0f}' for x in per)} "
+                  f"of {offered:,}."]
+    n = len(d["verdict"]["equal_rows"]["seeds"])
+    lines += ["", f"**Verdict**: {d['verdict']['text']}", "",
+              f"A direction is claimed only where all {n} seeds agree, which chance alone gives "
+              f"{_pct(2 * 0.5 ** n, 0)} of the time: the paired differences per seed say how far apart the arms are.", "",
+              f"Load average {_la(d.get('load_average_start'))} at the start and {_la(d.get('load_average_end'))} at the "
+              f"end, {d.get('seconds', 0):.0f} s in all: seconds move with the host's load, rows trained and the loss do not."]
+    return lines + ["", provenance(d, name)]
 
 
 # ================================================================== main

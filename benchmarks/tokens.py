@@ -38,8 +38,8 @@ curriculum; the goal's arm) and ``sluice_curriculum`` (the same with the sequenc
 curriculum, recorded beside it).
 
 Each part is a module of its own (``benchmarks.tokens_loader``, ``benchmarks.tokens_resume``,
-``benchmarks.tokens_e2e``; what they share is ``benchmarks.tokens_common``); this one runs them
-and writes the file.
+``benchmarks.tokens_e2e``; what they share is ``benchmarks.tokens_common``, the section of
+docs/results.md ``benchmarks.tokens_report``); this one runs them and writes the file.
 """
 from __future__ import annotations
 
