@@ -153,6 +153,17 @@ def test_modules_stay_readable():
     assert long == []
 
 
+def test_benchmarks_and_scripts_stay_readable():
+    """The same 600-line signal for every module beside the package: the benchmarks (each with
+    its section of docs/results.md) and the scripts; a cache folder under them is not code."""
+    files = [f for d in ("benchmarks", "scripts") for f in sorted((ROOT / d).rglob("*.py"))
+             if not any(part.startswith(".") for part in f.relative_to(ROOT).parts)]
+    assert files
+    long = [f"{f.relative_to(ROOT)} ({n} lines)" for f in files
+            if (n := len(f.read_text().splitlines())) > MAX_LINES]
+    assert long == []
+
+
 @pytest.mark.slow
 def test_no_undefined_names():
     """A name used but never defined or imported is a NameError waiting on the one path that
