@@ -15,21 +15,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
+    """A source as a versioned artifact of its kind (``--kind``, else the one that recognises it)."""
     from sluice.flows.config import load_config
-    from sluice.stages.data.text import TextShardConfig, detect_text_source, shard_text
-    if detect_text_source(args.source):  # text: a token artifact (docs/artifact.md, "Text and tokens")
-        text = load_config(TextShardConfig, args.config, args.overrides)
-        if args.quiet:
-            text.progress = False
-        print(shard_text(text, args.source, args.out).format())
-        return 0
-    from sluice.stages.data.config import PrepareConfig
-    from sluice.stages.data.shard import shard_dataset
-    cfg = load_config(PrepareConfig, args.config, args.overrides + [f"ingest.source={args.source}"])
-    if args.quiet:
-        cfg.shard.progress = False
-    summary = shard_dataset(cfg.ingest, args.out, cfg.shard)
-    print(summary.format())
+    from sluice.stages.kinds import kind_claiming
+    kind = kind_claiming(args.source, args.kind)
+    cfg = load_config(kind.ShardConfig, args.config, args.overrides + kind.shard_overrides(args.source))
+    print(kind.shard(args.source, args.out, cfg, progress=not args.quiet))
     return 0
 
 
@@ -48,17 +39,16 @@ def _print_outcome(cfg, result: dict) -> None:
     champ = reg.champion()
     p = result["promotion"]
     print("\n" + "=" * 72)
-    print(f"dataset artifact : {result['dataset']['root']}")
+    for s in result["dataset"].sources:
+        print(f"dataset artifact : {s.root}" + (f"  ({s.name})" if len(result["dataset"].sources) > 1 else ""))
     if result.get("il"):
         print(f"IL scores        : {result['il']['path']}")
     print(f"run directory    : {result['run_dir']}  (checkpoints, metrics.jsonl; torchrun.log for several ranks)")
     print(f"model registry   : {reg.root}")
-    if p.get("metric", "").endswith("loss"):  # a language model: the loss per token, lower is better
-        graded = f"{p['metric']} {p['candidate_value']:.4f} ({p['report_split']} loss {p['report']['loss']:.4f})"
-    else:
-        graded = f"{p['eval_split']} accuracy {p['candidate_value']:.4f} ({p['report_split']} {p['report']['acc']:.4f})"
-    print(f"candidate        : {p['model_id']} {graded} -> "
-          f"{'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
+    better = "higher" if p["higher_is_better"] else "lower"
+    reported = f" ({p['report_split']} {p['report']['value']:.4f})" if p["report_split"] != p["eval_split"] else ""
+    print(f"candidate        : {p['model_id']} {p['metric']} {p['candidate_value']:.4f}{reported}, {better} is better "
+          f"-> {'promoted' if p['promoted'] else 'not promoted'} ({p['reason']})")
     if champ:
         print(f"champion         : {champ.model_id} {champ.metric} {champ.value:.4f}")
     host = result.get("train", {}).get("summary", {}).get("host")
@@ -75,7 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
     result = fn(cfg)
     if args.flow == "prepare":
-        print(f"dataset artifact: {result['root']} ({'reused' if result['reused'] else 'written'})")
+        for v in result.sources:
+            print(f"dataset artifact: {v.root} ({'reused' if v.reused else 'written'})")
     else:
         _print_outcome(cfg, result)
     return 0
@@ -89,9 +80,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     il = " -> irreducible loss" if cfg.selection.needs_il else ""
     sel = f" with {cfg.selection.method} selection" if cfg.selection.method != "none" else ""
     comm = f", {cfg.train.comm.mode} compression" if cfg.train.comm.mode != "none" else ""
-    print(f"Sluice demo: the nightly pipeline on Fashion-MNIST (shard{il} -> train {cfg.train.model}{sel} "
-          f"for {cfg.train.epochs:g} epochs on {cfg.ranks()} ranks{comm} -> evaluate -> promote on "
-          f"{cfg.promotion.eval_split}), data under {Path(cfg.data_root).resolve()}", flush=True)
+    print(f"Sluice demo: the nightly pipeline on {', '.join(cfg.data.names)} (shard{il} -> train {cfg.train.model}{sel} "
+          f"for {cfg.train.epochs:g} epochs on {cfg.ranks()} ranks{comm} -> evaluate -> promote by "
+          f"{cfg.promotion.metric}), data under {Path(cfg.data_root).resolve()}", flush=True)
     print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
     import sluice.flows.nightly as fl
     _print_outcome(cfg, fl.nightly(cfg))
@@ -116,36 +107,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     import json
-    from sluice.storage.tokens import is_token_artifact
-    if is_token_artifact(args.artifact):
-        return _verify_tokens(args)
-    from sluice.stages.data.verify import verify_artifact
-    report = verify_artifact(args.artifact, full=args.full)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
-    return 0 if report.ok else 1
-
-
-def _verify_tokens(args: argparse.Namespace) -> int:
-    """Every split of a token artifact: its files (sha256 with --full) and every document's CRC-32."""
-    import json
-    from sluice.errors import SluiceError
-    from sluice.storage.tokens import open_token_split, read_token_manifest, version_dir
-    root = version_dir(args.artifact)
-    report: dict = {"artifact": str(root), "splits": {}, "ok": True}
-    for name, rec in read_token_manifest(root).splits.items():
-        try:
-            open_token_split(root, name).verify(deep=args.full)
-            report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": True}
-        except SluiceError as e:
-            report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": False, "error": str(e)}
-            report["ok"] = False
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"token artifact {root}: " + ("every document matches its checksum" if report["ok"] else "DAMAGED"))
-        for name, r in report["splits"].items():
-            print(f"  {name}: {r['documents']} documents, {r['tokens']} tokens: " + ("ok" if r["ok"] else r["error"]))
-    return 0 if report["ok"] else 1
+    from sluice.stages.kinds import kind_owning
+    ok, report, text = kind_owning(args.artifact).verify_artifact(args.artifact, full=args.full)
+    print(json.dumps(report, indent=2) if args.json else text)
+    return 0 if ok else 1
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -162,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="Data-centric, efficient training pipelines.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="run the whole nightly pipeline on the bundled Fashion-MNIST data",
+    d = sub.add_parser("demo", help="run the whole nightly pipeline (default: on the bundled Fashion-MNIST)",
                        description="Runs the nightly-retrain flow through Prefect's embedded local API "
                                    "(no server to start) with the default pipeline config.")
     d.add_argument("--data-root", default=DEFAULT_DATA, help=f"data directory (default: {DEFAULT_DATA})")
@@ -199,12 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     ml.set_defaults(fn=cmd_models)
 
     s = sub.add_parser("shard", help="write a source as a versioned dataset artifact",
-                       description="Shard SOURCE (fashion-mnist, an IDX dir, an image folder, an .npz, or "
-                                   "WebDataset .tar shards) into WebDataset + DALI index + FFCV formats; or text "
-                                   "(a folder of .txt/.md, a .jsonl, a .parquet) into a token artifact, its "
-                                   "settings as --set vocab_size=4096 (docs/artifact.md).")
+                       description="Shard SOURCE as an artifact of its kind of data: images (fashion-mnist, an "
+                                   "IDX dir, an image folder, an .npz, or WebDataset .tar shards) into WebDataset + "
+                                   "DALI index + FFCV formats, settings as --set shard.encoding=png; text (a folder "
+                                   "of .txt/.md, a .jsonl, a .parquet) into a token artifact, settings as --set "
+                                   "vocab_size=4096 (docs/artifact.md, docs/tokens.md).")
     s.add_argument("source")
     s.add_argument("--out", required=True, help="dataset root; the artifact goes to OUT/<fingerprint>")
+    s.add_argument("--kind", default=None, help="the kind of data (image, tokens, ...; default: the kind that "
+                                                 "recognises SOURCE)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_config_args(s)
     s.set_defaults(fn=cmd_shard)

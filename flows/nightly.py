@@ -1,8 +1,8 @@
-"""Prefect flows: ``prepare`` (ingest → shard), ``train`` (IL scores → train → evaluate → promote)
-and ``nightly-retrain`` (both; the deployment entry point). Flows only chain tasks; each task is a
-thin call into ``stages``/``storage``. With ``config.text`` the same flows run on text sources
-(``stages/run/text.py``): shard each source, verify, train a language model, promote by
-validation loss.
+"""Prefect flows: ``prepare`` (each source → its dataset version), ``train`` (IL scores → verify
+→ train → evaluate → promote → report) and ``nightly-retrain`` (both, then ``gc``; the deployment
+entry point). Flows only chain tasks; each task is a thin call into ``stages``/``storage``, and
+everything that differs by the kind of data (images, tokens, ...) is the kind's
+(``stages/kinds``): the flows never ask which kind they run.
 
 Unchanged data is not prepared twice, and the stages are what ensure it: the shard stage finds
 the dataset version of the same content fingerprint (source bytes + config), the IL stage the
@@ -20,36 +20,28 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 
-from sluice.flows.pipeline import PipelineConfig, training_job
+from sluice.flows.pipeline import PipelineConfig, prepare_data, training_job
 from sluice.flows.report import report_markdown
 from sluice.stages.host import usable_cores
+from sluice.stages.kinds import DatasetVersion
 
 
 def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
     return config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config or {})
 
 
+def _log(line: str) -> None:
+    get_run_logger().info(line)
+
+
 # ------------------------------------------------------------------ tasks
 
 
-@task(name="shard", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
-def shard_task(prepare: dict[str, Any], out: str) -> dict[str, Any]:
-    """The dataset version of this source under ``out``: found when it exists, written otherwise."""
-    from sluice.stages.data.config import PrepareConfig
-    from sluice.stages.data.shard import shard_dataset
-    cfg = PrepareConfig.model_validate(prepare)
-    s = shard_dataset(cfg.ingest, out, cfg.shard)
-    get_run_logger().info("\n" + s.format())
-    return s.info()
-
-
-@task(name="shard-text", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
-def shard_text_task(text: dict[str, Any], datasets_dir: str) -> dict[str, Any]:
-    """Each text source's token artifact under ``datasets_dir/<name>``, one tokenizer for all:
-    found when it exists, written (on top of the last version when the source grew) otherwise."""
-    from sluice.stages.run.text import TextPipelineConfig, prepare_text
-    log = get_run_logger()
-    return prepare_text(TextPipelineConfig.model_validate(text), datasets_dir, log=lambda line: log.info("\n" + line))
+@task(name="prepare-data", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
+def prepare_task(config: dict[str, Any]) -> DatasetVersion:
+    """Each source's dataset version under ``datasets/<name>``: found when it exists, written
+    (on top of the last version when the source grew) otherwise."""
+    return prepare_data(_config(config), log=_log)
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2)
@@ -74,59 +66,39 @@ def _task_runner(name: str):
 
 
 @task(name="irreducible-loss", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
-def il_task(root: str, fingerprint: str, selection: dict[str, Any], scores_root: str,
-            device: str = "cpu") -> dict[str, Any]:
+def il_task(config: dict[str, Any], version: DatasetVersion) -> dict[str, Any]:
     """IL scores for this version: stored, carried by key from the nearest earlier version's (only
-    new, changed and relabelled samples scored), or computed afresh (stages/select/il_carry.py);
-    on the training device."""
-    from sluice.errors import SelectionError
-    from sluice.stages.load import split_arrays
-    from sluice.stages.select import SelectionConfig
-    from sluice.stages.select.il_carry import describe, il_scores_for_version
-    from sluice.storage.artifact import open_artifact
+    new, changed and relabelled samples scored), or computed afresh; on the training device."""
+    c = _config(config)
     t0 = time.perf_counter()
-    cfg = SelectionConfig.model_validate(selection)
-    with open_artifact(root) as art:
-        if art.fingerprint != fingerprint:
-            raise SelectionError(f"the dataset at {root} is version {art.fingerprint[:16]}, not {fingerprint[:16]}")
-        # the IL model never trains on removed samples (live_only for the holdout)
-        s = il_scores_for_version(cfg.il, art, lambda split, live: split_arrays(art, split, live_only=live),
-                                  scores_root, device=device)
-    get_run_logger().info(describe(s))
-    return {"path": s.path, "wall_s": time.perf_counter() - t0,
-            **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
+    s = c.kind().irreducible_loss(version, c.selection, str(c.scores_dir()), "cuda" if c.on_cuda() else "cpu")
+    _log(s.pop("describe", ""))
+    return {**s, "wall_s": time.perf_counter() - t0}
+
+
+@task(name="verify-data")
+def verify_task(config: dict[str, Any], version: DatasetVersion) -> dict[str, Any]:
+    """Every sample's checksum before any rank reads one (``sluice verify``, the cheap form): the
+    result goes into the report; damage fails the run here, naming it, unless the loader skips it."""
+    c = _config(config)
+    return c.kind().verify(version, c.data, _log)
 
 
 @task(name="train", retries=1, retry_delay_seconds=10)
-def train_task(cfg: dict[str, Any], data: dict[str, Any], il: dict[str, Any] | None, run_dir: str) -> dict[str, Any]:
-    """``nproc`` ranks on this machine (one in this process, several under torchrun), or on each of
+def train_task(config: dict[str, Any], version: DatasetVersion, il: dict[str, Any] | None,
+               run_dir: str) -> dict[str, Any]:
+    """Where the weights start (the champion's, warm, or scratch), the job assembled once, then
+    ``nproc`` ranks on this machine (one in this process, several under torchrun) or on each of
     ``launch.nodes``; a retry resumes from the run's last checkpoint."""
     from sluice.stages.run.training import run_training
-    c = PipelineConfig.model_validate(cfg)
+    from sluice.stages.run.warm import plan_start
+    c = _config(config)
     il_path = il["path"] if il else None
-    get_run_logger().info(f"placement: {c.resolved_for_host()}")
+    _log(f"placement: {c.resolved_for_host()}")
+    start = plan_start(c.warm, c.kind(), version, c.train, c.selection.method, c.registry_dir(), il_path, run_dir)
     # verified=True: verify_task checked every sample's checksum before this task
-    return run_training(training_job(c, data, il_path, verified=True), c.warm, c.registry_dir(), il_path, run_dir, c.launch,
-                        nproc=c.ranks(), timeout_s=c.train_timeout_s, log=get_run_logger().info)
-
-
-@task(name="verify-text")
-def verify_text_task(data: dict[str, Any]) -> dict[str, Any]:
-    """Every document's checksum in every text source before training; damage fails the run here."""
-    from sluice.stages.run.text import verify_text
-    summary = verify_text(data)
-    get_run_logger().info(f"token artifacts: {summary['samples']} documents match their checksums")
-    return summary
-
-
-@task(name="verify-artifact")
-def verify_task(root: str, on_corrupt: str) -> dict[str, Any]:
-    """Every sample's checksum before training (``sluice verify``, the cheap form): the result
-    goes into the report; damage fails the run here, naming it, unless the loader skips it."""
-    from sluice.stages.data.verify import check_before_training
-    report, summary = check_before_training(root, on_corrupt)
-    get_run_logger().info(report.format())
-    return summary
+    return run_training(training_job(c, version, il_path, verified=True, start=start), start, run_dir, c.launch,
+                        nproc=c.ranks(), timeout_s=c.train_timeout_s, log=_log)
 
 
 @task(name="gc-dataset-versions")
@@ -134,36 +106,33 @@ def gc_task(dataset_dir: str, keep: int) -> dict[str, Any]:
     """Drop the dataset versions past the newest ``keep`` (and their files no kept version reads)."""
     from sluice.storage.gc import collect
     report = collect(dataset_dir, keep=keep)
-    get_run_logger().info(report.format())
+    _log(report.format())
     return report.to_dict()
 
 
 @task(name="evaluate-and-promote")
-def promote_task(cfg: dict[str, Any], data: dict[str, Any], trained: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    from sluice.stages.run.promote import evaluate_and_promote, evaluate_and_promote_tokens
-    c = PipelineConfig.model_validate(cfg)
-    if c.text is not None:
-        out = evaluate_and_promote_tokens(c.promotion, c.registry_dir(), data, trained, run,
-                                          seq_len=c.text.eval_seq_len(), batch_size=c.text.eval_batch_size,
-                                          config=c.model_dump(mode="json"))
-        get_run_logger().info(f"candidate {out['model_id']}: {out['reason']} -> "
-                              f"{'PROMOTED' if out['promoted'] else 'not promoted'}; {out['metric']} by source: "
-                              + ", ".join(f"{k} {v['candidate']:.4f}" + (f" (champion {v['champion']:.4f})"
-                                                                           if v["champion"] is not None else "")
-                                          for k, v in out["loss_by_source"].items()))
-        return out
-    out = evaluate_and_promote(c.promotion, c.registry_dir(), c.dataset_dir(), data, trained, run,
-                               needs_il=c.selection.needs_il, config=c.model_dump(mode="json"))
-    get_run_logger().info(f"candidate {out['model_id']}: {out['reason']} -> "
-                          f"{'PROMOTED' if out['promoted'] else 'not promoted'}")
+def promote_task(config: dict[str, Any], version: DatasetVersion, trained: dict[str, Any],
+                 run: dict[str, Any]) -> dict[str, Any]:
+    from sluice.stages.run.promote import evaluate_and_promote
+    c = _config(config)
+    out = evaluate_and_promote(c.kind(), c.promotion, c.registry_dir(), c.datasets_dir(), version, c.data, trained,
+                               run, needs_il=c.selection.needs_il, config=c.model_dump(mode="json"))
+    per = ", ".join(f"{k} {v['candidate']:.4f}" + (f" (champion {v['champion']:.4f})" if v["champion"] is not None else "")
+                    for k, v in out["by_source"].items() if v["candidate"] is not None)
+    _log(f"candidate {out['model_id']}: {out['reason']} -> {'PROMOTED' if out['promoted'] else 'not promoted'}"
+         + (f"; {out['metric']} by source: {per}" if per else ""))
     return out
 
 
-def run_summary(data: dict[str, Any], il: dict[str, Any] | None, trained: dict[str, Any],
-                decision: dict[str, Any], curve_split: str) -> dict[str, Any]:
-    """What the report shows: the training summary with the result's own step count, final
-    accuracy and evaluations (the summary alone has none of them), taken on ``curve_split``."""
-    return {"dataset": data, "il": il, "promotion": decision,
+def run_summary(version: DatasetVersion, il: dict[str, Any] | None, trained: dict[str, Any],
+                decision: dict[str, Any], curve_split: str, kind: Any) -> dict[str, Any]:
+    """What the report shows: the dataset, the training summary with the result's own step count,
+    final accuracy and evaluations (the summary alone has none of them), taken on ``curve_split``,
+    the promotion and how the kind's metric reads."""
+    return {"dataset": {**version.model_dump(mode="json"), "root": version.root, "describe": kind.describe(version)},
+            "il": il, "promotion": decision,
+            "kind": {"name": kind.name, "metric": kind.metric, "higher_is_better": kind.higher_is_better,
+                     "samples": kind.samples, "curve": list(kind.curve)},
             "train": {**trained["summary"], "steps": trained["steps"], "final_acc": trained["final_acc"],
                       "evals": trained["evals"], "eval_split": curve_split},
             "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
@@ -186,62 +155,53 @@ def _run_info() -> dict[str, Any]:
 
 
 @flow(name="prepare-distributed", log_prints=True)
-def _prepare_on_runner(config: dict[str, Any]) -> dict[str, Any]:
+def _prepare_on_runner(config: dict[str, Any]) -> DatasetVersion:
     """The shard map as Prefect tasks on this flow's task runner (set by ``prepare``)."""
     from prefect.utilities.annotations import unmapped
-    from sluice.stages.data.shard import shard_dataset
-    c = _config(config)
 
     def on_runner(spec: dict[str, Any], shards: list[dict]) -> list[dict]:
         return [f.result() for f in write_shard_task.map(unmapped(spec), shards)]
-    s = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard, map_shards=on_runner)
-    get_run_logger().info("\n" + s.format())
-    return s.info()
+    return prepare_data(_config(config), log=_log, map_shards=on_runner)
 
 
 @flow(name="prepare", log_prints=True)
-def prepare(config: PipelineConfig | None = None) -> dict[str, Any]:
-    """Ingest and shard the source into a (possibly already existing) dataset version."""
+def prepare(config: PipelineConfig | None = None) -> DatasetVersion:
+    """Every source of ``data`` as a (possibly already existing) dataset version."""
     c = _config(config)
-    if c.text is not None:  # text sources: one token artifact each, one tokenizer
-        return shard_text_task(c.text.model_dump(mode="json"), str(c.datasets_dir()))
     if c.prepare_runner != "local":
         runner = _task_runner(c.prepare_runner)
         return _prepare_on_runner.with_options(task_runner=runner)(c.model_dump(mode="json"))
-    return shard_task(c.prepare.model_dump(mode="json"), str(c.dataset_dir()))
+    return prepare_task(c.model_dump(mode="json"))
 
 
 @flow(name="train", log_prints=True)
-def train(config: PipelineConfig | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """IL scores (if selection needs them) → train on torchrun → evaluate → promote."""
+def train(config: PipelineConfig | None = None, data: DatasetVersion | None = None) -> dict[str, Any]:
+    """IL scores (if selection needs them) → verify → train → evaluate → promote → report."""
     c = _config(config)
-    data = data or prepare(c)
-    il = None
-    if c.selection.needs_il:
-        il = il_task(data["root"], data["fingerprint"], c.selection.model_dump(mode="json"), str(c.scores_dir()),
-                     "cuda" if c.on_cuda() else "cpu")
-    checked = verify_text_task(data) if c.text is not None else \
-        verify_task(data["root"], c.loader.on_corrupt)  # before any rank reads a sample
+    version = data or prepare(c)
+    cfg = c.model_dump(mode="json")
+    il = il_task(cfg, version) if c.selection.needs_il else None
+    checked = verify_task(cfg, version)  # before any rank reads a sample
     run = _run_info()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
-    trained = train_task(c.model_dump(mode="json"), data, il, str(run_dir))
-    decision = promote_task(c.model_dump(mode="json"), data, trained, run)
-    report_task({**run_summary(data, il, trained, decision, c.promotion.report_split), "verify": checked},
-                trained["metrics_path"])
-    return {"dataset": data, "il": il, "verify": checked, "train": {k: v for k, v in trained.items() if k != "evals"},
-            "promotion": decision, "run_dir": str(run_dir)}
+    trained = train_task(cfg, version, il, str(run_dir))
+    decision = promote_task(cfg, version, trained, run)
+    report_task({**run_summary(version, il, trained, decision, c.promotion.report_split, c.kind()),
+                 "verify": checked}, trained["metrics_path"])
+    return {"dataset": version, "il": il, "verify": checked,
+            "train": {k: v for k, v in trained.items() if k != "evals"}, "promotion": decision,
+            "run_dir": str(run_dir)}
 
 
 @flow(name="nightly-retrain", log_prints=True)
 def nightly(config: PipelineConfig | None = None) -> dict[str, Any]:
-    """The deployment entry point: prepare, then train and promote only a better model."""
+    """The deployment entry point: prepare, then train and promote only a better model, then drop
+    each source's old versions."""
     started_at = time.time()  # what time-to-accuracy counts from
     c = _config(config)
-    data = prepare(c)
-    out = {**train(c, data), "started_at": started_at}
-    if c.keep_versions is not None and c.text is not None:  # each source's versions
-        out["gc"] = {s.name: gc_task(str(c.datasets_dir() / s.name), c.keep_versions) for s in c.text.sources}
-    elif c.keep_versions is not None:  # after training: the version trained on is the newest
-        out["gc"] = gc_task(str(c.dataset_dir()), c.keep_versions)
+    version = prepare(c)
+    out = {**train(c, version), "started_at": started_at}
+    if c.keep_versions is not None:  # after training: the version trained on is the newest
+        out["gc"] = {s.name: gc_task(str(c.datasets_dir() / s.name), c.keep_versions) for s in version.sources}
     return out

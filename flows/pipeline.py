@@ -1,4 +1,6 @@
-"""The pipeline config: one pydantic model composed of the stage configs.
+"""The pipeline config: one pydantic model composed of the stage configs, whatever the kind of
+data: its ``data:`` section is the shape the kind declares (``stages/kinds``: ``image``,
+``tokens``, ...), and every check that differs by kind is the kind's.
 
 It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a Prefect
 ``--params``/``--param`` and a Python call all take this same shape.
@@ -6,28 +8,30 @@ It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from sluice.flows.recipe import load_recipe, overlay, resolve_auto
 from sluice.stages.precision import resolve_amp
-from sluice.stages.data.config import PrepareConfig
 from sluice.stages.host import (describe, gpu_name, host_class, rank_device, ranks_for, threads_per_rank,
                                 usable_cores, visible_gpus)
-from sluice.stages.load import AugmentSpec, LoaderConfig
+from sluice.stages.kinds import DataConfig, DataKind, DatasetVersion, data_config, kind_of
 from sluice.stages.load.config import loader_device
 from sluice.stages.select import SelectionConfig
-from sluice.stages.select.base import SELECTION_METHODS, token_rows_refusal
+from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import wants_cuda
-from sluice.stages.models import MODELS
-from sluice.stages.run.assemble import assemble_job, assemble_token_job
+from sluice.stages.run.assemble import assemble_job
 from sluice.stages.train.job import TrainJob
 from sluice.stages.run.nodes import LaunchConfig
 from sluice.stages.run.promote import PromotionConfig
-from sluice.stages.run.text import TextPipelineConfig
-from sluice.stages.run.warm import WarmStartConfig
+from sluice.stages.run.warm import Start, WarmStartConfig
+
+# Top-level sections of a config from before the kind of data was one section: where they went.
+MOVED = {"prepare": "data.ingest and data.shard (data.kind: image)", "augment": "data.augment",
+         "loader": "data.loader", "dataset_name": "data.sources[].name (or data.name with data.source)",
+         "text": "data (data.kind: tokens: sources, shard, seq_len, ...)"}
 
 
 def _method_needs_il(selection: Any) -> bool:
@@ -46,18 +50,12 @@ class PipelineConfig(BaseModel):
     recipe: str = Field("default", description="the recipe under this config (flows/recipes/<name>.yaml): "
                         "its values fill in whatever the config does not give")
     data_root: str = Field("sluice-data", description="datasets, scores, runs and the model registry live here")
-    dataset_name: str = "fashion-mnist"
-    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
-    augment: AugmentSpec = Field(default_factory=AugmentSpec,
-                                 description="training augmentation; normalisation is added from train.normalize_*")
-    loader: LoaderConfig = Field(default_factory=LoaderConfig)
+    data: SerializeAsAny[DataConfig] = Field(
+        description="what the night trains on: data.kind (image, tokens, ...) and its sources, and the rest of "
+        "the section in the shape that kind declares (stages/kinds)")
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
-    text: TextPipelineConfig | None = Field(
-        None, description="train a language model (train.model: gpt) on a weighted mixture of text sources "
-        "instead of an image classifier on prepare.ingest: the same flow, promoted by validation loss "
-        "(docs/nightly.md#text; the recipe: text)")
     warm: WarmStartConfig = Field(default_factory=WarmStartConfig,
                                   description="start from the champion's weights and train on the samples it has "
                                               "not seen plus a replay (stages/run/warm.py)")
@@ -87,69 +85,57 @@ class PipelineConfig(BaseModel):
         section changes only what it names), then its ``auto`` values resolved here."""
         if not isinstance(data, dict):
             return data
+        moved = {k: MOVED[k] for k in data if k in MOVED}
+        if moved:
+            raise ValueError("these sections moved into the one data section: "
+                             + "; ".join(f"{k} -> {v}" for k, v in moved.items()))
         merged = overlay(load_recipe(data.get("recipe") or "default"), data)
         return resolve_auto(merged, needs_il=_method_needs_il(merged.get("selection")),
                             wants_cuda=_device_wants_cuda(merged.get("train")))
 
+    @field_validator("data", mode="before")
+    @classmethod
+    def _the_kinds_shape(cls, v: Any) -> DataConfig:
+        """The section as its kind declares it (``DATA_KINDS``)."""
+        return data_config(v)
+
     @model_validator(mode="after")
     def _one_seed(self) -> "PipelineConfig":
-        """``train.seed`` seeds the whole run: the loader's augmentation draws, the sampler's order
-        and the selection method's draws follow it unless one of them is set on its own."""
-        for part in (self.loader, self.loader.sampler, self.selection):
-            if "seed" not in part.model_fields_set:
-                part.seed = self.train.seed
+        """``train.seed`` seeds the whole run: the kind's draws (an image loader's augmentation and
+        sampler order) and the selection method's follow it unless one of them is set on its own."""
+        self.data = self.data.with_seed(self.train.seed)
+        if "seed" not in self.selection.model_fields_set:
+            self.selection.seed = self.train.seed
         return self
 
     @model_validator(mode="after")
-    def _text_or_images(self) -> "PipelineConfig":
-        """A language model trains on ``text``, an image model on ``prepare.ingest``; with text,
-        promotion is by the loss per token on a split the text shard config fills, selection is
-        ``none`` or ``infobatch`` (by document: the others cannot select packed rows) and no warm
-        start is planned."""
-        lm = getattr(MODELS.get(self.train.model), "task", "classify") == "language_model"
-        if self.text is None:
-            if lm:
-                raise ValueError(f"train.model={self.train.model!r} is a language model: give it text sources "
-                                 "(text.sources; the recipe: text)")
-            return self
-        if not lm:
-            raise ValueError(f"text is set, but train.model={self.train.model!r} is no language model (gpt is)")
-        why = token_rows_refusal(self.selection.method)
+    def _the_kind_can_train_it(self) -> "PipelineConfig":
+        """Checked here, before any stage runs, by the kind: the model is one its batches train,
+        the selection method can select its samples, promotion is by its metric on splits that
+        hold samples, and a warm start's replay can replay them."""
+        kind = self.kind()
+        kind.check(self.train, self.data, self.selection)
+        why = kind.selection_refusal(self.selection.method, self.data)
         if why:
             raise ValueError(why)
         if self.warm.init == "champion":
-            raise ValueError("warm.init=champion: warm starts are planned over an image artifact's samples; "
-                             "a language model trains from scratch each night (warm.init: scratch or auto)")
-        p = self.promotion
-        if p.metric == "val_acc" and "metric" not in p.model_fields_set:
-            p.metric = f"{p.eval_split}_loss"
-        if p.metric != f"{p.eval_split}_loss":
-            raise ValueError(f"promotion.metric={p.metric!r}: a language model is promoted by its loss per "
-                             f"token on promotion.eval_split, {p.eval_split}_loss")
-        for name in ("eval_split", "report_split"):
-            split = getattr(p, name)
-            if self.text.split_fraction(split) == 0:
-                raise ValueError(f"promotion.{name}={split!r} but text.shard.{split}_fraction is 0, "
-                                 "so that split would be empty")
-            if split == "train":
-                raise ValueError(f"promotion.{name}=train: a model is never graded on what it trained on")
-        return self
-
-    @model_validator(mode="after")
-    def _eval_split_is_not_empty(self) -> "PipelineConfig":
-        """Checked here, before any stage runs (and after the holdout default is settled): a
-        split the ingest config leaves empty."""
-        if self.text is not None:  # the text sources' splits: _text_or_images
-            return self
-        ingest = self.prepare.ingest
+            why = kind.replay_refusal(self.warm.replay)
+            if why:
+                raise ValueError(why)
+        self.promotion = self.promotion.for_kind(kind)
         for name in ("eval_split", "report_split"):
             split = getattr(self.promotion, name)
-            # (no test: a source may bring its own test split)
-            share = {"holdout": ingest.holdout_fraction, "val": ingest.val_fraction}.get(split)
-            if share == 0:
-                raise ValueError(f"promotion.{name}={split!r} but prepare.ingest.{split}_fraction is 0, "
-                                 "so that split would be empty")
+            if split == "train":
+                raise ValueError(f"promotion.{name}=train: a model is never graded on what it trained on")
+            # (no fraction: a source may bring its own test split)
+            if self.data.split_fraction(split) == 0:
+                raise ValueError(f"promotion.{name}={split!r} but the data section gives that split no share "
+                                 f"({split}_fraction is 0), so it would be empty")
         return self
+
+    def kind(self) -> DataKind:
+        """The kind of data this config trains on."""
+        return kind_of(self.data.kind)
 
     def on_cuda(self) -> bool:
         """Whether training runs on CUDA (``train.device``: auto takes CUDA where present)."""
@@ -173,16 +159,13 @@ class PipelineConfig(BaseModel):
             return describe(host_class("cpu"), resolve_amp(self.train.amp, "cpu"), ranks, threads,
                             self.train.batch_size)
         device = rank_device(True, 0)
-        loader = loader_device(self.loader.device, device)
+        loader = loader_device(self.data.loader_device(), device)
         return describe("cuda", resolve_amp(self.train.amp, device), ranks, threads, self.train.batch_size,
                         gpus=f"{visible_gpus()} × {gpu_name(0)}", loader_device=str(loader))
 
     # where things live
-    def dataset_dir(self) -> Path:
-        return Path(self.data_root) / "datasets" / self.dataset_name
-
     def datasets_dir(self) -> Path:
-        """Where every dataset lives (a text source under ``<name>/``)."""
+        """Where every dataset lives: each source under ``<name>/``."""
         return Path(self.data_root) / "datasets"
 
     def scores_dir(self) -> Path:
@@ -195,15 +178,16 @@ class PipelineConfig(BaseModel):
         return Path(self.data_root) / "runs"
 
 
-def dataset_info(summary) -> dict[str, Any]:
-    """What the training stage needs to know of a dataset version (``ShardSummary.info``)."""
-    return summary.info()
+def prepare_data(c: PipelineConfig, log: Callable[[str], None] = lambda line: None,
+                 map_shards: Callable | None = None) -> DatasetVersion:
+    """The night's dataset version (each source's, found or written): the prepare stage in Python."""
+    return c.kind().prepare(c.data, c.datasets_dir(), log=log, map_shards=map_shards)
 
 
-def training_job(c: PipelineConfig, data: dict[str, Any], il_path: str | None, verified: bool = False) -> TrainJob:
-    """The typed training job for this pipeline on dataset version ``data`` (stages/train/job.py).
-    ``verified``: the flow checked the artifact already, so the ranks' loaders do not again."""
-    if c.text is not None:  # data: stages/run/text.prepare_text's set of token artifacts
-        return assemble_token_job(c.train, c.text, c.promotion.report_split, data, c.selection)
-    loader = c.loader.model_copy(update={"verify": "none"}) if verified else c.loader
-    return assemble_job(c.train, loader, c.augment, c.selection, c.promotion.report_split, data, il_path)
+def training_job(c: PipelineConfig, version: DatasetVersion, il_path: str | None, verified: bool = False,
+                 start: Start | None = None) -> TrainJob:
+    """The typed training job for this pipeline on ``version``, from where its weights ``start``
+    (default: scratch), assembled once (``stages/run/assemble.py``). ``verified``: the flow checked
+    every sample's checksum already, so the ranks' loaders do not again."""
+    return assemble_job(c.kind(), c.train, c.data, c.selection, c.promotion.report_split, version, il_path,
+                        start or Start(why="from scratch"), verified=verified)

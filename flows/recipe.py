@@ -7,7 +7,7 @@ may be ``auto`` in any layer and are resolved here, once, where the config is bu
 ``train.batch_size`` (the per-rank batch measured best for the host class),
 ``train.log_every_steps`` (1 on CPUs; 50 on CUDA, where reading a step's metrics waits for
 the device) and
-``prepare.ingest.holdout_fraction`` (0.1 when the selection method trains an irreducible-loss
+``data.ingest.holdout_fraction`` (0.1 when the selection method trains an irreducible-loss
 model on a holdout, else 0). ``sluice config show`` prints the result.
 """
 from __future__ import annotations
@@ -55,9 +55,14 @@ def load_recipe(name: str = "default", _seen: tuple[str, ...] = ()) -> dict[str,
 
 
 def overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """``top`` deep-merged over ``base``: model_kwargs replaced whole, and a layer naming another
-    model, selection method or compression hook without its knobs drops the lower layer's."""
+    """``top`` deep-merged over ``base``: model_kwargs replaced whole, a layer naming another
+    model, selection method or compression hook without its knobs drops the lower layer's, and a
+    layer naming another kind of data replaces the lower layer's data section whole (its shape is
+    the kind's)."""
     base = _drop_stale_entry_knobs(base, top)
+    kind = _at(top, "data.kind")
+    if kind is not None and kind != _at(base, "data.kind"):
+        base = {k: v for k, v in base.items() if k != "data"}
     return merge(base, top, leaves=LEAVES)
 
 
@@ -92,6 +97,6 @@ def resolve_auto(data: dict[str, Any], *, needs_il: bool, wants_cuda: bool) -> d
         out = _with(out, "train.batch_size", host.batch_per_rank)
     if _at(out, "train.log_every_steps") == "auto":
         out = _with(out, "train.log_every_steps", host.log_every_steps)
-    if _at(out, "prepare.ingest.holdout_fraction") == "auto":
-        out = _with(out, "prepare.ingest.holdout_fraction", 0.1 if needs_il else 0.0)
+    if _at(out, "data.ingest.holdout_fraction") == "auto":
+        out = _with(out, "data.ingest.holdout_fraction", 0.1 if needs_il else 0.0)
     return out

@@ -111,21 +111,25 @@ def _n(v: Any) -> str:
 
 
 def markdown_summary(s: dict[str, Any]) -> str:
-    """The run summary a person reads in the Prefect UI."""
-    d = s.get("dataset", {})
+    """The run summary a person reads in the Prefect UI (any kind of data: ``s["kind"]`` says
+    what its metric is, which way is better and what a sample is called)."""
+    d, k = s.get("dataset", {}), s.get("kind", {})
+    samples = k.get("samples", "samples")
     lines = ["# Sluice nightly run", "",
-             "## Dataset", f"- version `{d.get('fingerprint', '')[:16]}` at `{d.get('root', '')}`"
-             f" ({'reused' if d.get('reused') else 'written'})",
-             "- samples: " + ", ".join(f"{k} {v}" for k, v in d.get("counts", {}).items()),
-             f"- quarantined samples: {d.get('quarantined', 0)}"]
-    for src in d.get("sources", []):  # text: one token artifact per source
+             "## Dataset", f"- version `{d.get('fingerprint', '')[:16]}` ({k.get('name', 'data')}, "
+             f"{'reused' if d.get('reused') else 'written'})",
+             f"- {samples}: " + ", ".join(f"{n} {v}" for n, v in d.get("counts", {}).items()),
+             f"- quarantined {samples}: {d.get('quarantined', 0)}"]
+    for src in d.get("sources", []):
         delta = src.get("delta") or {}
-        lines.append(f"- source `{src['name']}` ({src.get('source', '')}, weight {src.get('weight', 1):g}): version "
-                     f"`{src['fingerprint'][:16]}` ({'reused' if src.get('reused') else 'written'}), documents "
-                     + ", ".join(f"{k} {v}" for k, v in src.get("counts", {}).items())
-                     + (f"; new since its parent: {sum(delta.get('added', {}).values())}" if delta else ""))
-    if d.get("damaged_sources"):
-        lines.append(f"- **damaged source files kept in part: {d['damaged_sources']}** (see the manifest)")
+        added = delta.get("added")
+        lines.append(f"- source `{src['name']}` ({src.get('location', '')}, weight {src.get('weight', 1):g}): version "
+                     f"`{src['fingerprint'][:16]}` at `{src.get('root', '')}` "
+                     f"({'reused' if src.get('reused') else 'written'}), "
+                     + ", ".join(f"{n} {v}" for n, v in src.get("counts", {}).items())
+                     + (f"; new since its parent: {sum(added.values()) if isinstance(added, dict) else added}"
+                        if added else ""))
+    lines += list(d.get("describe", []))
     il = s.get("il")
     if il:
         lines += ["", "## Irreducible loss",
@@ -142,11 +146,13 @@ def markdown_summary(s: dict[str, Any]) -> str:
             lines.append(f"- IL model retrained: {il['retrained']}")
     t = s.get("train", {})
     evals = t.get("evals", [])
+    last = evals[-1] if evals else {}
     lines += ["", "## Training",
               f"- **{t.get('steps', 0)} steps** on {t.get('world_size', 1)} ranks "
               f"(stopped by {t.get('stopped_by', 'n/a')}), comm `{t.get('comm', 'none')}`, amp `{t.get('amp', 'n/a')}`",
               f"- resolved for the host: {t.get('host', 'n/a')}",
-              f"- final evaluation accuracy **{_f(t.get('final_acc'))}** on `{t.get('eval_split', 'test')}`"
+              f"- final evaluation on `{t.get('eval_split', 'test')}`: accuracy **{_f(t.get('final_acc'))}**, loss "
+              f"{_f(last.get('loss'))}"
               + (f" ({len(evals)} evaluation{'s' if len(evals) != 1 else ''} during training)" if evals else ""),
               f"- loader throughput {_f(t.get('samples_per_s'), '.0f')} samples/s, waiting for data "
               f"{_f(100 * t['data_wait_frac'] if 'data_wait_frac' in t else None, '.1f')}% of step time",
@@ -158,7 +164,7 @@ def markdown_summary(s: dict[str, Any]) -> str:
             lines.append(f"- damaged samples skipped by the loader: {t['loader']['corrupt_skipped']} (all ranks)")
     v = s.get("verify")
     if v:  # sluice verify, run before training
-        lines.append(f"- artifact check: {v.get('samples', 0)} sample checksums, " + (
+        lines.append(f"- data check: {v.get('samples', 0)} checksums, " + (
             "no damage" if v.get("ok") else f"**{v.get('damaged_count')} damaged**: "
             + ", ".join(f"{d['file']}#{d['index']}" for d in v.get("damaged", [])[:10]))
             + (f"; no checksums in {', '.join(v['unchecked'])}" if v.get("unchecked") else ""))
@@ -166,84 +172,63 @@ def markdown_summary(s: dict[str, Any]) -> str:
     if sel:
         lines.append("- selection: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in sel.items()))
-    p = s.get("promotion", {})
-    if str(p.get("metric", "")).endswith("loss"):  # a language model: promoted by its loss per token
-        lines += ["", "## Evaluation and promotion"] + _loss_promotion(p)
-        charts = s.get("charts", {})
-        if charts:
-            lines += ["", "## Training curves"] + [f"![{name}]({uri})" for name, uri in charts.items()]
-        return "\n".join(lines) + "\n"
-    lines += ["", "## Evaluation and promotion",
-              f"- candidate accuracy **{_f(p.get('candidate_value'))}** on `{p.get('eval_split', 'val')}` (decides)"
-              + (f"; on `{p['report_split']}` (reported only): {_f(p['report'].get('acc'))}"
-                 if p.get("report") and p.get("report_split") != p.get("eval_split") else ""),
-              f"- champion before: {p.get('champion_before') or 'none'}"
-              + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
-              f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}"]
-    w = p.get("warm")
-    if w:
-        lines.append(f"- weights: warm start from champion {w['parent_model']} (version {w['parent_version'][:16]}): "
-                     f"{w['new']} new samples + {w['replayed']} replayed ({w['policy']})"
-                     if w.get("parent_model") else f"- weights: from scratch ({w.get('why', '')})")
-    u = p.get("unseen")
-    if u:  # stages/run/grading.py: every graded sample checked against what the model trained on
-        lines.append(f"- graded on unseen samples only: the candidate trained on {u['candidate_trained_samples']} "
-                     f"samples ({', '.join(u['candidate_trained_on'])}), none of the {u['samples_checked']} "
-                     "graded" + ("; the champion, re-graded on this version, trained on none of them either"
-                                  if u.get("champion_samples_checked") is not None else ""))
+    lines += ["", "## Evaluation and promotion"] + _promotion(s.get("promotion", {}), samples)
     charts = s.get("charts", {})
     if charts:
         lines += ["", "## Training curves"] + [f"![{name}]({uri})" for name, uri in charts.items()]
     return "\n".join(lines) + "\n"
 
 
-def _loss_promotion(p: dict[str, Any]) -> list[str]:
-    """Promotion by validation loss: the decision, then candidate and champion per source."""
-    lines = [f"- candidate {p['metric']} **{_f(p.get('candidate_value'))}** per token on `{p.get('eval_split')}` "
-             f"(decides; lower is better)",
+def _promotion(p: dict[str, Any], samples: str) -> list[str]:
+    """The decision, each source's weight, what it served and its metric, mixture changes, the
+    unseen check and where the weights started."""
+    better = "higher" if p.get("higher_is_better", True) else "lower"
+    lines = [f"- candidate {p.get('metric', '')} **{_f(p.get('candidate_value'))}** on `{p.get('eval_split', 'val')}` "
+             f"(decides; {better} is better)"
+             + (f"; on `{p['report_split']}` (reported only): {_f(p['report'].get('value'))}"
+                if p.get("report") and p.get("report_split") != p.get("eval_split") else ""),
              f"- champion before: {p.get('champion_before') or 'none'}"
              + (f" ({_f(p['champion_value'])})" if p.get("champion_value") is not None else ""),
-             f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}",
-             "", f"| source | weight | tokens trained | candidate {p['metric']} | champion {p['metric']} |",
-             "|---|---|---|---|---|"]
-    for name, v in p.get("loss_by_source", {}).items():
-        lines.append(f"| {name} | {_f(v.get('weight'), '.3g')} | {_n(v.get('trained_tokens'))} | "
-                     f"{_f(v.get('candidate'))} | {_f(v.get('champion'))} |")
-    lines.append(f"| **all** | | | {_f(p.get('candidate_value'))} | {_f(p.get('champion_value'))} |")
+             f"- promoted: **{'yes' if p.get('promoted') else 'no'}** — {p.get('reason', '')}"]
+    rows = p.get("by_source") or {}
+    if len(rows) > 1 or any(v.get("candidate") is not None for v in rows.values()):
+        m = p.get("metric", "")
+        lines += ["", f"| source | weight | trained | candidate {m} | champion {m} |", "|---|---|---|---|---|"]
+        for name, v in rows.items():
+            lines.append(f"| {name} | {_f(v.get('weight'), '.3g')} | {_n(v.get('trained'))} | "
+                         f"{_f(v.get('candidate'))} | {_f(v.get('champion'))} |")
+        lines += [f"| **all** | | | {_f(p.get('candidate_value'))} | {_f(p.get('champion_value'))} |", ""]
     mix = p.get("mixture") or {}
     if mix.get("changed"):  # the weights a night trains on are recorded with its model
-        lines += ["", "- mixture weights changed since the champion: " + ", ".join(
+        lines.append("- mixture weights changed since the champion: " + ", ".join(
             f"{k} {_f(mix['champion_weights'].get(k), '.3g')} → {_f(w, '.3g')}" for k, w in mix["weights"].items()
             if mix["champion_weights"].get(k) != w)
             + "".join(f", {k} {_f(w, '.3g')} → dropped" for k, w in mix["champion_weights"].items()
-                      if k not in mix["weights"])]
-    u = p.get("unseen")
-    if u:
-        lines += ["", f"- graded on unseen documents only: the candidate trained on {u['candidate_trained_samples']} "
-                  f"documents ({', '.join(u['candidate_trained_on'])}), none of the {u['samples_checked']} graded"
-                  + ("; the champion, re-graded on these versions, trained on none of them either"
-                     if u.get("champion_samples_checked") is not None else "")]
+                      if k not in mix["weights"]))
     w = p.get("warm")
     if w:
-        lines.append(f"- weights: from scratch ({w.get('why', '')})")
+        lines.append(f"- weights: warm start from champion {w['parent_model']} (version {w['parent_version'][:16]}): "
+                     f"{w['new']} new {samples} + {w['replayed']} replayed ({w['policy']})"
+                     if w.get("parent_model") else f"- weights: from scratch ({w.get('why', '')})")
+    u = p.get("unseen")
+    if u:  # stages/run/grading.py: every graded sample checked against what the model trained on
+        lines.append(f"- graded on unseen {samples} only: the candidate trained on {u['candidate_trained_samples']} "
+                     f"{samples} ({', '.join(u['candidate_trained_on'])}), none of the {u['samples_checked']} "
+                     "graded" + ("; the champion, re-graded on this version, trained on none of them either"
+                                  if u.get("champion_samples_checked") is not None else ""))
     return lines
 
 
 def report_markdown(summary: dict[str, Any], metrics_path: str | Path) -> str:
-    """The whole report: the summary and both charts (training loss, evaluation accuracy)."""
+    """The whole report: the summary and both charts (training loss, and the kind's evaluation
+    curve: accuracy for a classifier, loss per token for a language model)."""
     loss, acc, eval_loss = read_curves(metrics_path)
-    if str(summary.get("promotion", {}).get("metric", "")).endswith("loss"):  # a language model
-        return markdown_summary({**summary, "charts": {
-            "training loss": data_uri(chart_svg({"train loss": loss}, "training loss", "loss per token",
-                                                y_limits=(0.0, math.inf))),
-            "evaluation loss": data_uri(chart_svg({"eval loss": eval_loss}, "evaluation loss",
-                                                  "loss per token", y_limits=(0.0, math.inf),
-                                                  empty="no evaluation recorded"))}})
+    key, label, (lo, hi) = (summary.get("kind") or {}).get("curve") or ("acc", "accuracy", (0.0, 1.0))
+    points, name = {"acc": (acc, "accuracy"), "loss": (eval_loss, "loss")}[key]
     charts = {
         "training loss": data_uri(chart_svg({"train loss": loss}, "training loss", "loss",
                                             y_limits=(0.0, math.inf))),
-        "evaluation accuracy": data_uri(chart_svg({"eval accuracy": acc}, "evaluation accuracy",
-                                                  "accuracy", y_limits=(0.0, 1.0),
-                                                  empty="no evaluation recorded")),
+        f"evaluation {name}": data_uri(chart_svg({f"eval {name}": points}, f"evaluation {name}", label,
+                                                 y_limits=(lo, hi), empty="no evaluation recorded")),
     }
     return markdown_summary({**summary, "charts": charts})

@@ -16,6 +16,7 @@ with InfoBatch keyed by document. Each logs every step, so a changed step anywhe
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -89,8 +90,15 @@ def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
                     torch_threads=1, log_every_steps=1, eval_every_steps=6)
         return TrainConfig(**{**base, **kw})
 
+    def array_loader(images: Any, labels: Any, bs: int, **kw: Any) -> Any:
+        """Batches normalised as the train config's defaults say: by the loader where it takes
+        ``normalize`` (batches reach the trainer model-ready), else by the trainer (before)."""
+        if "normalize" in inspect.signature(ArrayLoader).parameters:
+            kw["normalize"] = {"mean": [0.5], "std": [0.5]}
+        return ArrayLoader(images, labels, bs, **kw)
+
     def arrays(bs: int = 32) -> tuple[Any, Any]:
-        return ArrayLoader(x, y, bs, seed=0), ArrayLoader(tx, ty, 64, shuffle=False, drop_last=False, even=False)
+        return array_loader(x, y, bs, seed=0), array_loader(tx, ty, 64, shuffle=False, drop_last=False, even=False)
 
     art: list[Any] = []
 
@@ -112,7 +120,7 @@ def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
     def selected(method: str, **params: Any) -> dict[str, Any]:
         tr, ev = arrays(64 if method == "selective_backprop" else 32)
         if method == "infobatch":  # 6 batches an epoch: 12 steps reach the epochs that prune
-            tr = ArrayLoader(x[:192], y[:192], 32, seed=0)
+            tr = array_loader(x[:192], y[:192], 32, seed=0)
         sel = build_selector(SelectionConfig(method=method, params=params, seed=3),
                              candidate_size=len(tr) and tr.batch_size, split_size=len(x))
         return _summary(train(cfg(), tr, ev, sel))

@@ -1,27 +1,71 @@
 """The contracts between stages: what a batch is, and what the training loop needs from a loader,
 a sampler and a selector.
 
-They live below every stage so that loading and selection never depend on the trainer: the
-loader yields :class:`Batch`, a selector returns :class:`SelectedBatch`, and the loop accepts
-anything that honours :class:`ResumableLoader` and :class:`Selector` (``sluice.stages.load``'s
-``Loader`` and ``ArrayLoader``, the selection methods, or a user's own).
+They live below every stage so that loading and selection never depend on the trainer: every
+loader yields one typed :class:`Batch` (images and token rows alike), a selector returns
+:class:`SelectedBatch`, and the loop accepts anything that honours :class:`ResumableLoader` and
+:class:`Selector` (``sluice.stages.load``'s loaders, the selection methods, or a user's own).
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import MutableMapping
-from typing import Any, Iterator, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 
-class Batch(NamedTuple):
-    """One batch: images (uint8 NCHW, or float NCHW already augmented and normalised), int64
-    labels and int64 indices — each sample's stable index within its split."""
-    images: torch.Tensor
-    labels: torch.Tensor
+@dataclasses.dataclass
+class Batch:
+    """One model-ready batch, whatever the kind of data: what every loader yields and what the
+    trainer reads, by field (never by probing).
+
+    ``inputs``: the model's inputs by name. Images: ``{"images": float NCHW}``, normalised by the
+    loader (uint8 only where the loader was given no normalisation: a plain loop may normalise
+    itself, the trainer refuses it). Token rows: ``{"input_ids": (B, L) int64}`` plus the
+    per-token fields the loader was asked for (``segment_ids``, ``position_ids``).
+    ``targets``: labels (B,) int64, or next tokens (B, L) int64 (``ignore_index`` where nothing is
+    learnt). ``indices``: (B,) int64, each sample's stable index in the loader's index space (a
+    split index; over several sources ``offset[source] + split index``); a token row's start in
+    its epoch's stream (-1 for a padding row).
+
+    Declared optional fields: ``sources``, each sample's (B,) or token's (B, L) source number in
+    the loader's ``names`` (-1 for padding), where the loader keeps a per-source breakdown;
+    ``source_counts``, this batch's samples (or input tokens) per source, with ``sources``;
+    ``doc_keys``, token rows: each input token's document as one key over all sources (-1 where
+    the token counts for nothing), where the loader was asked for them (selection by document).
+
+    For a plain loop a batch unpacks as ``(input, targets, indices)``, its first input first:
+    ``for images, labels, indices in loader``.
+    """
+    inputs: dict[str, torch.Tensor]
+    targets: torch.Tensor
     indices: torch.Tensor
+    sources: torch.Tensor | None = None
+    source_counts: torch.Tensor | None = None
+    doc_keys: torch.Tensor | None = None
+
+    @classmethod
+    def of_images(cls, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, **fields: Any) -> "Batch":
+        """A batch of images (``inputs["images"]``)."""
+        return cls({"images": images}, labels, indices, **fields)
+
+    @property
+    def input(self) -> torch.Tensor:
+        """The first input (the images; a token batch's ``input_ids``)."""
+        return next(iter(self.inputs.values()))
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.input, self.targets, self.indices))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the batch holds (a CUDA stream hand-over records each)."""
+        extra = (self.sources, self.source_counts, self.doc_keys)
+        return [*self.inputs.values(), self.targets, self.indices, *(t for t in extra if t is not None)]
 
 
 @dataclasses.dataclass
@@ -107,31 +151,58 @@ def raw_stats(stats: Any) -> dict[str, float | torch.Tensor]:
 
 @dataclasses.dataclass
 class SelectedBatch:
-    """What a selector returns: the samples to train on, optional per-sample loss weights
+    """What a selector returns: the samples to train on (the model's input, the targets and the
+    indices it was handed, cut to the chosen rows), optional per-sample loss weights
     (the loop then minimises ``(per_sample_loss * weights).mean()``), and statistics: floats or
     0-dim tensors (on any device), which the loop averages on the device and reads only with
     its metrics record (``log_every_steps``), so a selector need not wait for the device."""
-    images: torch.Tensor
-    labels: torch.Tensor
+    inputs: torch.Tensor | Any  # the model's input: images, or token rows (TokenInputs)
+    targets: torch.Tensor
     indices: torch.Tensor
     weights: torch.Tensor | None = None
     stats: MutableMapping = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
+class LoaderReport:
+    """What a loader tells the run's summary, for this rank (the trainer sums the counts over
+    ranks): the backend it read with and why, the verdict on what bounds it, the damaged samples
+    it skipped, and what it served each source since the run began (None: one source, no
+    breakdown) with the mixture changes it recorded."""
+    backend: str | None = None
+    choice: str | None = None
+    verdict: str | None = None
+    summary: str | None = None
+    corrupt_skipped: int = 0
+    served_unit: str = "samples"
+    served: dict[str, int] | None = None
+    changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
 @runtime_checkable
 class ResumableLoader(Protocol):
-    """What the training loop needs from a loader.
+    """What the training loop needs from a loader (``sluice.stages.load.base.LoaderBase`` is
+    this contract, implemented once for every Sluice loader; subclass it for your own).
 
-    Iterating yields :class:`Batch`-shaped tuples; ``len`` is the batches per epoch on this rank
-    (equal on every rank); ``state_dict`` resumes mid-epoch at exactly the next batch. Sluice's
-    loaders also resume another world size's state (``load.epochs``: the rest of the epoch,
-    re-cut), which ``train.resize`` relies on.
+    Iterating yields :class:`Batch`; ``len`` is the batches of the current epoch on this rank
+    (equal on every rank); ``set_epoch(e)`` goes to epoch ``e``'s first batch (PyTorch's
+    ``DistributedSampler`` convention), and iterating again without it continues with the next
+    epoch; ``state_dict`` resumes mid-epoch at exactly the next batch (Sluice's loaders also
+    resume another world size's state: the rest of the epoch, re-cut, which ``train.resize``
+    relies on). ``epoch`` is the epoch it is in, ``names`` its sources' names (per-source
+    metrics), ``device`` where its batches are made, ``report()`` what it tells the run's summary.
     """
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]: ...
+    names: list[str]
+    device: Any
+
+    @property
+    def epoch(self) -> int: ...
+    def __iter__(self) -> Iterator[Batch]: ...
     def __len__(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def report(self) -> LoaderReport: ...
 
 
 class Sampler(Protocol):
@@ -142,17 +213,49 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class Selector(Protocol):
-    """``selector(model, images, labels, indices) -> SelectedBatch``: picks what to train on.
+    """``selector(model, inputs, targets, indices) -> SelectedBatch``: picks what to train on.
 
-    Images are on the model's device, float and normalised; indices are split indices. Optional
-    methods the loop calls when present: ``observe(indices, losses)`` after every step, on
+    ``inputs`` are the model's input on its device (images: float and normalised; token rows:
+    ``TokenInputs``); indices are what selection keys on: split indices, or on token rows each
+    token's document (``doc_keys``, (B, L), -1 where the token counts for nothing). The loop calls
+    every hook (``SelectorHooks`` gives each a default): ``set_progress(fraction)`` and
+    ``set_epoch(epoch)`` before each selection; ``observe(indices, losses)`` after every step, on
     every rank (loss tables, importance estimates; it may all-gather), with the losses left on
-    the device: a loss that is NaN/inf (all of a step's, when any rank's loss was) must leave
-    its entry unchanged, decided on the device, so the loop never waits to know; ``set_progress(fraction)`` before each selection with the fraction of
-    the budget done; ``set_epoch(epoch)`` before each selection with the loop's epoch;
-    ``state_dict()`` / ``load_state_dict()`` for the rank's checkpoint part. On token rows
-    (``train.tasks.TokenTask``) indices are each token's document (``doc_keys``, (B, L), -1 where
-    the token counts for nothing) and ``observe`` gets (B, L) per-token losses.
+    the device (per sample; per token on token rows): a loss that is NaN/inf (all of a step's,
+    when any rank's loss was) must leave its entry unchanged, decided on the device, so the loop
+    never waits to know; ``state_dict()`` / ``load_state_dict()`` for the rank's checkpoint part;
+    ``for_token_rows()``, the selector's form for packed token rows (or a refusal saying why).
     """
-    def __call__(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+    def __call__(self, model: torch.nn.Module, inputs: Any, targets: torch.Tensor,
                  indices: torch.Tensor) -> SelectedBatch: ...
+    def set_progress(self, fraction: float) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def for_token_rows(self) -> "Selector": ...
+
+
+class SelectorHooks:
+    """The ``Selector`` hooks with defaults that do nothing: a selector of your own subclasses
+    this and implements ``__call__`` (and the hooks it needs)."""
+
+    def set_progress(self, fraction: float) -> None:
+        """The fraction of the budget done (annealing)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loop's epoch (a threshold fixed per epoch)."""
+
+    def observe(self, indices: torch.Tensor, losses: torch.Tensor) -> None:
+        """The trained samples' losses after the step (loss tables, importance estimates)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s output."""
+
+    def for_token_rows(self) -> "SelectorHooks":
+        """This selector for packed token rows: as it is (it gets (B, L) document keys and
+        per-token losses)."""
+        return self

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from sluice.errors import ArtifactError
 from sluice.storage.manifest import Manifest, read_manifest
@@ -33,16 +33,18 @@ def is_ancestor(manifest: Manifest, fingerprint: str) -> bool:
     return fingerprint == manifest.fingerprint or fingerprint in manifest.ancestors
 
 
-def parents(root: str | os.PathLike, manifest: Manifest) -> Iterator[tuple[str, Manifest]]:
+def parents(root: str | os.PathLike, manifest: Any,
+            read: Callable[[str], Any] = read_manifest) -> Iterator[tuple[str, Any]]:
     """The versions the one at ``root`` (``manifest``) was written on top of, nearest first, as
     (directory, manifest), through each manifest's ``parent``; ArtifactError names the first one
-    that is gone (``sluice gc``) or unreadable."""
+    that is gone (``sluice gc``) or unreadable. ``read``: how a version's manifest is read (an
+    image artifact's; a token artifact's)."""
     here, m, seen = os.fspath(root), manifest, set()
     while m.parent and m.parent not in seen:
         seen.add(m.parent)
         here = join(parent_url(here), m.parent)
         try:
-            m = read_manifest(here)
+            m = read(here)
         except (ArtifactError, OSError, ValueError) as e:
             raise ArtifactError(f"version {m.parent} is gone or unreadable ({e})") from None
         yield here, m
@@ -62,10 +64,13 @@ def ancestry(root: str | os.PathLike, manifest: Manifest) -> list[str]:
     return out
 
 
-def changes_since(root: str | os.PathLike, fingerprint: str) -> SinceAncestor | str:
+def changes_since(root: str | os.PathLike, fingerprint: str,
+                  read: Callable[[str], Any] = read_manifest) -> SinceAncestor | str:
     """The keys relabelled, changed or removed between the ancestor ``fingerprint`` and the
-    version at ``root``, or why they cannot be told (not an ancestor; a version in between gone)."""
-    manifest = read_manifest(root)
+    version at ``root``, or why they cannot be told (not an ancestor; a version in between gone).
+    ``read``: how a version's manifest is read (an image artifact's, by default; a token
+    artifact's records no relabelling)."""
+    manifest = read(os.fspath(root))
     if not is_ancestor(manifest, fingerprint):
         return f"version {fingerprint[:16]} is not an ancestor of {manifest.fingerprint[:16]}"
     out = SinceAncestor(ancestor=fingerprint, root=os.fspath(root))
@@ -73,10 +78,10 @@ def changes_since(root: str | os.PathLike, fingerprint: str) -> SinceAncestor | 
     if m.fingerprint == fingerprint:
         return out
     try:
-        for here, parent in parents(root, manifest):  # lazily: nothing is read past the ancestor
+        for here, parent in parents(root, manifest, read):  # lazily: nothing is read past the ancestor
             if m.delta is None:
                 break
-            out.relabelled.update(m.delta.relabelled)
+            out.relabelled.update(getattr(m.delta, "relabelled", ()))
             out.changed.update(m.delta.changed)
             out.removed.update(m.delta.removed)
             out.versions += 1

@@ -36,9 +36,12 @@ from sluice.storage.lineage import TrainedOn, load_hashes, save_hashes
 from sluice.storage.locking import exclusive
 
 
-def lower_is_better(metric: str) -> bool:
-    """A loss (``val_loss``: a language model's loss per token) wins by being lower; any other
-    metric (``val_acc``) by being higher."""
+def lower_is_better(metric: str, higher_is_better: bool | None = None) -> bool:
+    """Which way ``metric`` wins: as its record says (``higher_is_better``, from the kind of data
+    that measured it: accuracy higher, bits per byte lower); a record from before it said so: a
+    loss (``val_loss``) lower, any other metric (``val_acc``) higher."""
+    if higher_is_better is not None:
+        return not higher_is_better
     return metric.endswith("loss")
 
 
@@ -56,6 +59,8 @@ class ModelRecord(BaseModel):
     run: dict[str, Any] = Field(default_factory=dict)  # e.g. Prefect flow run id/name
     trained_on: TrainedOn | None = None  # None: registered before lineage was recorded
     warm_start: dict[str, Any] | None = None  # parent model and version, replay policy and counts
+    higher_is_better: bool | None = None  # which way the metric wins (None: a record from before it was kept)
+    files: dict[str, str] = Field(default_factory=dict)  # what the model needs beside its checkpoint (a tokenizer)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class Candidate:
     run: dict[str, Any] = field(default_factory=dict)
     trained_on: tuple[str, list[str], np.ndarray] | None = None
     warm_start: dict[str, Any] | None = None
+    higher_is_better: bool | None = None
+    files: dict[str, str | os.PathLike] = field(default_factory=dict)  # name -> file, copied in beside the record
 
 
 class Decision(BaseModel):
@@ -123,11 +130,17 @@ class Registry:
         d = self.root / "models" / model_id
         d.mkdir(parents=True)  # the registry's folders appear with its first model
         atomic.write_with(d / "checkpoint.pt", lambda tmp: shutil.copyfile(src, tmp))
+        files = {}
+        for name, path in (c.files or {}).items():
+            dest = d / f"{name}{Path(path).suffix}"
+            atomic.write_with(dest, lambda tmp, path=path: shutil.copyfile(path, tmp))
+            files[name] = f"models/{model_id}/{dest.name}"
         rec = ModelRecord(model_id=model_id, created_at=now.isoformat(), dataset_fingerprint=c.dataset_fingerprint,
                           eval_split=c.eval_split, metric=c.metric, value=float(c.value), metrics=c.metrics or {},
                           config=c.config or {}, checkpoint=f"models/{model_id}/checkpoint.pt", run=c.run or {},
                           trained_on=_copy_lineage(d, model_id, c.trained_on),
-                          warm_start=_copy_warm_start(d, model_id, c.warm_start))
+                          warm_start=_copy_warm_start(d, model_id, c.warm_start),
+                          higher_is_better=c.higher_is_better, files=files)
         atomic.write_bytes(d / "record.json", (rec.model_dump_json(indent=2) + "\n").encode())
         return rec
 
@@ -139,6 +152,10 @@ class Registry:
 
     def checkpoint_path(self, rec: ModelRecord) -> Path:
         return self.root / rec.checkpoint
+
+    def model_files(self, rec: ModelRecord) -> dict[str, str]:
+        """What ``rec`` was registered with beside its checkpoint: name -> path."""
+        return {name: str(self.root / rel) for name, rel in rec.files.items()}
 
     def trained_hashes(self, rec: ModelRecord) -> np.ndarray | None:
         """The key hashes ``rec`` trained on; None for a record that predates lineage."""
@@ -175,7 +192,7 @@ class Registry:
     def promote_if_better(self, candidate: ModelRecord, margin: float = 0.0,
                           champion_value_now: float | None = None, graded_champion: str | None = None) -> Decision:
         """Move the champion pointer to ``candidate`` iff it beats the champion by ``margin``
-        (higher by more than it, or lower for a loss: ``lower_is_better``).
+        (higher by more than it, or lower where lower is better: ``lower_is_better``).
 
         Both must be measured on the same evaluation split. When the champion was evaluated on
         another split (say, an older dataset version), pass ``champion_value_now``: its metric
@@ -202,7 +219,7 @@ class Registry:
                     raise RegistryError(f"champion was measured by {champ.metric} on {champ.eval_split}, "
                                         f"the candidate by {candidate.metric} on {candidate.eval_split}: "
                                         "re-evaluate the champion the candidate's way")
-                if lower_is_better(candidate.metric):
+                if lower_is_better(candidate.metric, candidate.higher_is_better):
                     better = candidate.value < cv - margin
                     reason = (f"{candidate.metric} {candidate.value:.4f} {'<' if better else '>='} champion "
                               f"{cv:.4f} - margin {margin:.4f}")

@@ -19,8 +19,8 @@ print("RESULT " + json.dumps({**{k: r["promotion"][k] for k in ("model_id", "pro
 
 def night(data_root: Path, limit: int, seed: int = 4, **sections: dict) -> tuple[int, str]:
     cfg = {"data_root": str(data_root), "nproc": 1,
-           "prepare": {"ingest": {"source": "fashion-mnist", "limit": limit, "seed": seed},
-                       "shard": {"shard_samples": 500, "workers": 1, "progress": False}},
+           "data": {"source": "fashion-mnist", "ingest": {"limit": limit, "seed": seed},
+                    "shard": {"shard_samples": 500, "workers": 1, "progress": False}},
            "selection": {"method": "none"}, "train": {"max_steps": 8, "batch_size": 32}, **sections}
     out = subprocess.run([sys.executable, "-c", NIGHT, json.dumps(cfg)], capture_output=True, text=True,
                          timeout=600)

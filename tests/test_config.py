@@ -19,7 +19,7 @@ def test_a_partial_section_changes_only_what_it_names(tmp_path):
     for field in ("amp", "channels_last", "model_kwargs", "normalize_mean", "lr"):
         assert getattr(c.train, field) == getattr(default.train, field), field
     assert c.train.comm.mode == default.train.comm.mode == "none"
-    assert c.augment == default.augment
+    assert c.data == default.data
 
 
 def test_null_turns_a_default_technique_off():
@@ -47,39 +47,45 @@ def test_another_model_does_not_inherit_the_default_model_kwargs():
 @pytest.mark.parametrize("overrides, path", [(["train.bogus=1"], "train.bogus"),
                                              (["train.lr=fast"], "train.lr"),
                                              (["selection.ratio=2"], "selection.ratio"),
-                                             (["prepare.ingest.limit=-5"], "prepare.ingest.limit")])
+                                             (["data.ingest.limit=-5"], "data.ingest.limit")])
 def test_bad_fields_are_refused_with_their_path(overrides, path):
     with pytest.raises(ConfigError) as e:
         load_config(PipelineConfig, None, overrides)
     assert path in str(e.value)
 
 
+def _version():
+    """A version of one image source as the prepare stage describes it (nothing read from it)."""
+    from sluice.stages.kinds import SourceVersion
+    from sluice.stages.kinds.image import ImageVersion
+    source = SourceVersion(name="fashion-mnist", location="fashion-mnist", root="/nowhere", fingerprint="f" * 16,
+                           counts={"train": 100, "val": 10, "test": 10})
+    return ImageVersion(fingerprint="f" * 16, sources=[source], counts=source.counts, channels=1, num_classes=10)
+
+
 def test_progressive_resizing_shapes_training_batches_but_never_evaluation():
     from sluice.flows.pipeline import training_job
-    c = PipelineConfig.model_validate({"loader": {"resolution": {"start": 16, "end": 28, "end_epoch": 4}}})
-    data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f", "num_classes": 10,
-            "channels": 1}
-    job = training_job(c, data, il_path="scores.npy")
+    c = PipelineConfig.model_validate({"data": {"loader": {"resolution": {"start": 16, "end": 28, "end_epoch": 4}}}})
+    job = training_job(c, _version(), il_path="scores.npy")
     assert job.data.loader.resolution.start == 16
     assert job.eval_data.loader.resolution is None  # accuracy is measured at full size
 
 
 def test_holdout_is_kept_only_for_a_method_that_trains_an_il_model():
-    assert PipelineConfig.model_validate({"selection": {"method": "rho_loss"}}).prepare.ingest.holdout_fraction == 0.1
+    assert PipelineConfig.model_validate({"selection": {"method": "rho_loss"}}).data.ingest.holdout_fraction == 0.1
     for method in ("none", "infobatch", "uniform"):
         c = PipelineConfig.model_validate({"selection": {"method": method}})
-        assert c.prepare.ingest.holdout_fraction == 0.0  # trained on instead
+        assert c.data.ingest.holdout_fraction == 0.0  # trained on instead
         assert PipelineConfig.model_validate(c.model_dump(mode="json")) == c  # stable round trip
-    given = {"selection": {"method": "none"}, "prepare": {"ingest": {"holdout_fraction": 0.2}}}
-    assert PipelineConfig.model_validate(given).prepare.ingest.holdout_fraction == 0.2
+    given = {"selection": {"method": "none"}, "data": {"ingest": {"holdout_fraction": 0.2}}}
+    assert PipelineConfig.model_validate(given).data.ingest.holdout_fraction == 0.2
 
 
 def test_promotion_decides_on_val_and_training_curves_report_test():
     from sluice.flows.pipeline import training_job
     c = PipelineConfig()
     assert (c.promotion.eval_split, c.promotion.metric, c.promotion.report_split) == ("val", "val_acc", "test")
-    data = {"root": "/nowhere", "counts": {"train": 100}, "fingerprint": "f" * 16, "num_classes": 10, "channels": 1}
-    assert training_job(c, data, il_path="scores.npy").eval_data.loader.split == "test"
+    assert training_job(c, _version(), il_path="scores.npy").eval_data.loader.split == "test"
 
 
 def test_auto_ranks_on_pinned_nodes_follow_each_nodes_cores():
@@ -124,6 +130,7 @@ def test_a_method_hook_or_model_change_drops_the_recipes_knobs_for_the_old_one(m
     fake = tmp_path / "recipes"
     fake.mkdir()
     (fake / "default.yaml").write_text(
+        "data: {kind: image, source: fashion-mnist}\n"
         "selection: {method: infobatch, params: {prune: 0.3}}\n"
         "train: {model: small_cnn, model_kwargs: {width: 8}, comm: {mode: powersgd, params: {rank: 4}}}\n")
     monkeypatch.setattr(recipe, "RECIPES_DIR", fake)

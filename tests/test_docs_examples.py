@@ -3,7 +3,8 @@
 * Every fenced ``python`` block of README.md and docs/*.md runs as a script in a fresh
   subprocess, in a temporary directory that holds what ``make demo`` leaves on disk: the dataset
   root ``sluice-data/datasets/fashion-mnist``, written by the real sharding code with the
-  pipeline's default config (so, like the demo's, it has no holdout). ``SLUICE_FASHION_MNIST``
+  pipeline's default config (so, like the demo's, it has no holdout), and the token artifact the
+  README's text commands write (``sluice-data/datasets/pydocs``). ``SLUICE_FASHION_MNIST``
   points at a small copy of Fashion-MNIST, so a block that shards ``fashion-mnist`` itself
   shards a few hundred images, and a loop over the training split is short. A block that needs
   what a test cannot give (a Prefect server, root, hours) is preceded by
@@ -178,8 +179,9 @@ def _write_idx(path: Path, arr: np.ndarray) -> None:
 @pytest.fixture(scope="session")
 def demo_like(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A directory holding what ``make demo`` leaves (sluice-data/datasets/fashion-mnist, sharded
-    with the pipeline's default config from a small Fashion-MNIST), and the environment that
-    makes ``fashion-mnist`` mean that small copy."""
+    with the pipeline's default config from a small Fashion-MNIST) and what the README's text
+    commands leave (sluice-data/datasets/pydocs, a token artifact of a few of the Python docs'
+    sources), and the environment that makes ``fashion-mnist`` mean that small copy."""
     from sluice.flows.pipeline import PipelineConfig
     from sluice.stages.data.shard import shard_dataset
     from sluice.stages.load.arrays import fashion_mnist
@@ -195,8 +197,14 @@ def demo_like(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     os.environ["SLUICE_FASHION_MNIST"] = str(small)
     try:
         cfg = PipelineConfig(data_root=str(template / "sluice-data"))
-        shard_dataset(cfg.prepare.ingest, cfg.dataset_dir(),
-                      cfg.prepare.shard.model_copy(update={"progress": False, "workers": 1}))
+        p = cfg.data.prepare_config(cfg.data.sources[0].source)
+        shard_dataset(p.ingest, cfg.datasets_dir() / cfg.data.sources[0].name,
+                      p.shard.model_copy(update={"progress": False, "workers": 1}))
+        # what the README's text commands leave: the Python docs' sources as a token artifact
+        from sluice.stages.data.text import TextShardConfig, shard_text
+        from sluice.stages.data.text.debian import pydocs_folder
+        corpus = pydocs_folder(tmp_path_factory.mktemp("text-corpus"), limit=40)
+        shard_text(TextShardConfig(vocab_size=2048, progress=False), corpus, cfg.datasets_dir() / "pydocs")
     finally:
         if old is None:
             os.environ.pop("SLUICE_FASHION_MNIST")

@@ -17,8 +17,7 @@ from sluice.stages.load.arrays import ArrayLoader
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.train.config import CommConfig, TrainConfig
 from sluice.stages.train.checkpointer import rank_part
-from sluice.stages.train.elastic import Resize, rescale_job
-from sluice.stages.train.job import TrainJob
+from sluice.stages.train.elastic import Resize
 
 N = 103  # odd, so padding and dropping both matter
 X = np.zeros((N, 2, 2), np.uint8)
@@ -36,7 +35,7 @@ def take(loaders, k: int | None = None) -> list[int]:
     its = [iter(x) for x in loaders]
     steps = len(loaders[0]) - loaders[0].cursor.next_batch if k is None else k
     for _ in range(steps):
-        batches = [next(it)[2] for it in its]
+        batches = [next(it).indices for it in its]
         assert len({len(b) for b in batches} | {0}) <= 3  # per-rank sizes differ by at most one
         out += [int(i) for b in batches for i in b]
     return out
@@ -155,12 +154,18 @@ def test_resize_policies_scale_the_lr_and_budget_or_refuse():
         Resize.resumed(TrainConfig(), state, 3, Fraction(1))
 
 
-def test_keeping_the_global_batch_rescales_every_per_rank_size_or_says_why_not():
-    job = TrainJob.model_validate({
-        "config": {"batch_size": 32}, "data": {"kind": "arrays", "path": "x.npz", "batch_size": 64},
-        "selection": {"config": {"method": "uniform", "n_select": 32}, "candidate_size": 64,
-                      "split_size": 1000}})
+def test_keeping_the_global_batch_rescales_every_per_rank_size_or_says_why_not(fmnist_artifact):
+    """The job stays as assembled; its specs build each rank's loader and selector at the scaled
+    sizes (or say why they cannot)."""
+    from sluice.stages.load.specs import ImagesData
+    from sluice.stages.select.spec import SelectionSpec
+    data = ImagesData(root=str(fmnist_artifact.root), loader={"batch_size": 64, "workers": 0})
+    sel = SelectionSpec.model_validate({"config": {"method": "uniform", "n_select": 32}, "candidate_size": 64,
+                                        "split_size": 1000})
     with pytest.raises(TrainError, match="world size that divides"):  # 2 ranks -> 3: 128 / 3
-        rescale_job(job, Fraction(2, 3), 3)
-    j = rescale_job(job, Fraction(1, 2), 4)  # 2 ranks -> 4
-    assert (j.data.batch_size, j.selection.candidate_size, j.selection.config.n_select) == (32, 32, 16)
+        data.build(rank=0, world_size=3, batch_scale=Fraction(2, 3))
+    with pytest.raises(TrainError, match="world size that divides"):
+        sel.build(Fraction(2, 3))
+    loader, selector = data.build(rank=0, world_size=4, batch_scale=Fraction(1, 2)), sel.build(Fraction(1, 2))
+    assert (loader.config.batch_size, selector.n_select) == (32, 16)  # 2 ranks -> 4
+    assert data.loader.batch_size == 64 and sel.candidate_size == 64  # the specs themselves unchanged

@@ -132,9 +132,10 @@ def test_installed_entry_points_resolve_by_name(installed_plugins):
     ("train", {"model": "resnet_typo"}, "train.model"),
     ("train", {"comm": {"mode": "powersgdd"}}, "train.comm.mode"),
     ("selection", {"method": "rho-loss"}, "selection.method"),
-    ("loader", {"backend": "ffvc"}, "loader.backend"),
-    ("prepare", {"ingest": {"kind": "tarball"}}, "prepare.ingest.kind"),
-    ("augment", {"ops": [{"op": "flipp"}]}, "augment.ops"),
+    ("data", {"loader": {"backend": "ffvc"}}, "data.loader.backend"),
+    ("data", {"ingest": {"kind": "tarball"}}, "data.ingest.kind"),
+    ("data", {"augment": {"ops": [{"op": "flipp"}]}}, "data.augment.ops"),
+    ("data", {"kind": "imagez"}, "data"),
 ])
 def test_unknown_names_fail_at_validation_naming_field_and_choices(section, value, field):
     from sluice.flows.config import validate

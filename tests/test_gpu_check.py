@@ -103,10 +103,16 @@ def test_the_outcome_is_read_from_what_sluice_prints(tmp_path, capsys):
     from sluice.flows import cli
     gc = _gpu_check()
     cfg = SimpleNamespace(registry_dir=lambda: tmp_path / "registry")
-    result = {"dataset": {"root": "d"}, "run_dir": "r", "train": {"summary": {"host": "cuda: 1 × H100, bf16"}},
-              "promotion": {"model_id": "20261126T1-ab", "eval_split": "val", "candidate_value": 0.9123,
-                            "report_split": "test", "report": {"acc": 0.9051}, "promoted": False,
-                            "reason": "0.9123 < champion 0.9200"}}
+    from sluice.stages.kinds import SourceVersion
+    from sluice.stages.kinds.image import ImageVersion
+    source = SourceVersion(name="fashion-mnist", location="fashion-mnist", root="d", fingerprint="f" * 64,
+                           counts={"train": 1})
+    result = {"dataset": ImageVersion(fingerprint="f" * 64, sources=[source], counts=source.counts, channels=1,
+                                      num_classes=10),
+              "run_dir": "r", "train": {"summary": {"host": "cuda: 1 × H100, bf16"}},
+              "promotion": {"model_id": "20261126T1-ab", "metric": "val_acc", "higher_is_better": True,
+                            "eval_split": "val", "candidate_value": 0.9123, "report_split": "test",
+                            "report": {"value": 0.9051}, "promoted": False, "reason": "0.9123 < champion 0.9200"}}
     cli._print_outcome(cfg, result)
     banner = f"resolved for this host: avx2: fp32, 2 ranks x 1 thread, 64 per rank  ({cli.HOST_NOTE})\n"
     got = gc.outcome(banner + capsys.readouterr().out)

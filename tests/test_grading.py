@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sluice.errors import GradedOnTrainingData, RegistryError
+from sluice.stages.kinds.image import ImageData, ImageKind
 from sluice.stages.run.grading import champion_lineage, grade
 from sluice.storage.artifact import open_artifact
 from sluice.storage.lineage import ensure_unseen, key_hashes, overlap, split_key_hashes
@@ -44,8 +45,11 @@ def test_a_model_is_refused_on_its_own_training_samples_and_allowed_elsewhere(fm
     root = fmnist_artifact.root
     trained = split_key_hashes(root, ["train"])
     assert trained.size == fmnist_artifact.manifest.counts()["train"]
+    kind = ImageKind()
+    version = kind.version_of([root])
     with pytest.raises(GradedOnTrainingData, match=rf"'train' of .*trained on {trained.size} of"):
-        grade("never-read.pt", "candidate", trained, "train", root, "train")
+        grade(kind, "never-read.pt", "candidate", trained, "train", version, "train", kind.key_hashes(version, ["train"]),
+              data=ImageData(source=str(root)), files={}, facts={})
     assert ensure_unseen("candidate", trained, root, "val", "train") == fmnist_artifact.manifest.counts()["val"]
     # One training sample slipped into what it is graded on: refused, naming the count.
     one_val_key = key_hashes([open_artifact(root).keys("val")[0]])
@@ -58,12 +62,14 @@ def test_a_legacy_champion_is_checked_against_its_own_version_or_refused(tmp_pat
     fp = fmnist_artifact.manifest.fingerprint
     rec = reg.register(Candidate(_ckpt(tmp_path), dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="val_acc",
                                  value=0.9))  # no lineage: recorded before it existed
-    datasets = Path(fmnist_artifact.root).parent
-    hashes, where = champion_lineage(reg, rec, datasets)  # re-read from the version it names
+    kind = ImageKind()
+    version = kind.version_of([fmnist_artifact.root])
+    datasets = Path(fmnist_artifact.root).parent.parent  # the datasets folder: <name>/<version>
+    hashes, where = champion_lineage(reg, rec, kind, datasets, version)  # re-read from the version it names
     counts = fmnist_artifact.manifest.counts()
     assert hashes.size == counts["train"] + counts["holdout"] and "re-read" in where
     with pytest.raises(GradedOnTrainingData, match="gone"):
-        champion_lineage(reg, rec, tmp_path / "no-datasets-here")
+        champion_lineage(reg, rec, kind, tmp_path / "no-datasets-here", version)
 
 
 def test_a_champion_that_moved_while_grading_is_not_compared(tmp_path):

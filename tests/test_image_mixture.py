@@ -1,4 +1,4 @@
-"""Weighted mixtures of image artifacts (``stages/load/image_mixture.py``): exact per-epoch counts
+"""The image ``Loader`` over a weighted mixture of image artifacts: exact per-epoch counts
 per source, a deterministic order per (seed, epoch), every sample read from its own artifact,
 exact resume at another world size, weights changed between runs (recorded, applied at the next
 epoch), clear refusals of sources that do not match, and a short real training run on a mixture."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sluice.errors import LoaderError
-from sluice.stages.load.image_mixture import MixtureBatch, MixtureLoader
+from sluice.stages.contracts import Batch
 from sluice.stages.load.loader import Loader
 from sluice.storage.artifact import open_artifact
 
@@ -60,22 +60,22 @@ def mix(arts, *rules, names=("a", "b", "c"), **kw) -> dict:
     return {"sources": [{"path": arts[n], "name": n, **r} for n, r in zip(names, rules)], **kw}
 
 
-def loader(arts, mixture, **kw) -> MixtureLoader:
+def loader(arts, mixture, **kw) -> Loader:
     kw.setdefault("batch_size", 8)
     kw.setdefault("workers", 0)
-    return MixtureLoader(mixture, **kw)
+    return Loader(mixture=mixture, **kw)
 
 
-def collect(L: MixtureLoader, arts, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def collect(L: Loader, arts, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices and sources of the loader's batches (all of the epoch, or ``limit`` batches),
     each sample checked to be the stored sample its index names, read from its own artifact."""
     idx, src = [], []
     for b, batch in enumerate(L):
-        assert isinstance(batch, MixtureBatch)
+        assert isinstance(batch, Batch)
         images, labels, indices = batch
         s, j = L.locate(indices)
         assert np.array_equal(batch.sources.numpy(), s)
-        assert batch.source_samples.tolist() == np.bincount(s, minlength=len(L.names)).tolist()
+        assert batch.source_counts.tolist() == np.bincount(s, minlength=len(L.names)).tolist()
         px = (images[:, 0, 0, :2] * 255).round().to(torch.int64).numpy()
         for k in range(len(s)):
             name = L.names[s[k]]
@@ -176,7 +176,7 @@ def test_a_streaming_backend_reads_the_same_batches(arts):
 
 
 # ------------------------------------------------------------------ ranks and resume
-def _rank_loaders(arts, m, world: int, batch: int) -> list[MixtureLoader]:
+def _rank_loaders(arts, m, world: int, batch: int) -> list[Loader]:
     return [loader(arts, m, batch_size=batch, rank=r, world_size=world) for r in range(world)]
 
 
@@ -208,7 +208,7 @@ def test_resume_at_the_same_world_size_gives_the_very_next_batch(arts):
     again = loader(arts, m, rank=1, world_size=2)
     again.load_state_dict(L.state_dict())
     assert np.array_equal(np.concatenate([head, collect(again, arts)[0]]), whole)
-    assert again.source_samples.sum() == len(whole)  # served counts carry over on the same rank
+    assert again.served.sum() == len(whole)  # served counts carry over on the same rank
 
 
 # ------------------------------------------------------------------ weights changed between runs
@@ -272,9 +272,9 @@ def test_a_state_of_another_version_mid_epoch_is_refused(arts):
     collect(L, arts, limit=1)
     state = L.state_dict()
     state["fingerprints"]["b"] = "0" * 64
-    with pytest.raises(LoaderError, match="other versions of mixture sources .*'b'"):
+    with pytest.raises(LoaderError, match="other versions of sources .*'b'"):
         loader(arts, m).load_state_dict(state)
-    with pytest.raises(LoaderError, match="not an image mixture loader state"):
+    with pytest.raises(LoaderError, match="not an image loader state"):
         loader(arts, m).load_state_dict({**state, "kind": "tokens"})
 
 
@@ -286,17 +286,22 @@ def test_sources_that_do_not_match_are_refused_by_name(arts):
         loader(arts, mix(arts, {"weight": 1}, {"weight": 1}, names=("a", "five")))
     with pytest.raises(LoaderError, match="no path"):
         loader(arts, {"sources": [{"name": "x", "weight": 1}]})
-    with pytest.raises(LoaderError, match="order is the mixture plan's"):
-        loader(arts, mix(arts, {"weight": 1}), sampler={"kind": "shard_block"})
+    two = mix(arts, {"weight": 1}, {"weight": 1}, names=("a", "b"))
+    with pytest.raises(LoaderError, match="order of several sources is the mixture plan's"):
+        loader(arts, two, sampler={"kind": "shard_block"})
     with pytest.raises(LoaderError, match="augments inside its own pipeline"):
-        loader(arts, mix(arts, {"weight": 1}), backend="dali")
+        loader(arts, two, backend="dali")
     with pytest.raises(LoaderError, match="decode: device"):
-        loader(arts, mix(arts, {"weight": 1}), decode="device")
+        loader(arts, two, decode="device")
+    # a mixture of one source is the plain loader: its sampler orders it
+    one = loader(arts, mix(arts, {"weight": 1}, names=("a",)), sampler={"kind": "shard_block"})
+    assert sorted(i for b in one for i in b.indices.tolist()) == list(range(SIZES["a"]))
+    assert one.names == ["a"] and next(iter(one)).sources is None  # one source: no breakdown
 
 
 def test_artifacts_can_be_passed_open(arts):
     m = {"sources": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}], "epoch_size": 20}
-    L = MixtureLoader(m, batch_size=8, workers=0, artifacts=[open_artifact(arts["a"]), arts["b"]])
+    L = Loader(mixture=m, batch_size=8, workers=0, artifacts=[open_artifact(arts["a"]), arts["b"]])
     assert np.bincount(collect(L, arts)[1], minlength=2).tolist() == [10, 10]
 
 
@@ -307,24 +312,24 @@ def test_batches_made_on_the_gpu_equal_the_cpu_ones(arts):
     m = mix(arts, {"weight": 2}, {"weight": 1}, {"weight": 1}, epoch_size=70)
     cpu, gpu = loader(arts, m, device="cpu"), loader(arts, m, device="cuda:0")
     for a, b in zip(cpu, gpu):
-        assert b.images.device.type == "cuda" and b.sources.device.type == "cuda"
+        assert b.input.device.type == "cuda" and b.sources.device.type == "cuda"
         assert torch.equal(a.indices, b.indices.cpu()) and torch.equal(a.sources, b.sources.cpu())
-        assert torch.allclose(a.images, b.images.cpu(), atol=1e-6)
+        assert torch.allclose(a.input, b.input.cpu(), atol=1e-6)
     assert cpu.served_by_source() == gpu.served_by_source()
 
 
 # ------------------------------------------------------------------ in a training run
 def test_a_training_job_trains_on_an_image_mixture(arts, tmp_path):
-    from sluice.stages.load.specs import ImageMixtureData
+    from sluice.stages.load.specs import ImagesData
     from sluice.stages.run.launch import make_job
     from sluice.stages.train import TrainConfig, train
-    spec = {"kind": "image_mixture", "loader": {"batch_size": 16, "workers": 0},
+    spec = {"kind": "images", "loader": {"batch_size": 16, "workers": 0, "augment": {"ops": [{"op": "normalize"}]}},
             "mixture": mix(arts, {"weight": 0.6}, {"weight": 0.4}, names=("a", "c"), epoch_size=40)}
     job = make_job({"num_classes": 3, "max_steps": 9}, spec, spec)
-    assert isinstance(job.data, ImageMixtureData)
+    assert isinstance(job.data, ImagesData)
     cfg = TrainConfig(model_kwargs={"width": 8}, num_classes=3, max_steps=9, batch_size=16, lr=0.05,
                       progress=False, torch_threads=1, checkpoint_dir=str(tmp_path / "ck"))
-    build = dict(rank=0, world_size=1, seed=0, train=True)
+    build = dict(rank=0, world_size=1)
     r = train(cfg.model_copy(update={"halt_at_step": 6}), job.data.build(**build), job.eval_data.build(**build))
     assert r.halted and r.steps == 6
     served = r.summary["served_by_source"]

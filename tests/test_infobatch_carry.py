@@ -13,8 +13,6 @@ from pydantic import ValidationError
 from sluice.errors import SelectionError
 from sluice.stages.data.config import IngestConfig, ShardConfig
 from sluice.stages.data.shard import shard_dataset
-from sluice.stages.load.config import LoaderConfig
-from sluice.stages.load.specs import ArtifactData
 from sluice.stages.select import build_selector
 from sluice.stages.select.config import SelectionConfig
 from sluice.stages.select.infobatch import InfoBatchSelector
@@ -22,7 +20,8 @@ from sluice.stages.select.infobatch_carry import load_table
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
-from sluice.stages.run.warm import WarmStartConfig, plan_summary, plan_warm_start, warm_job
+from warm_plans import job as assembled, plan as planned
+from sluice.stages.run.warm import Start, WarmStartConfig
 from sluice.storage.artifact import open_artifact
 from sluice.storage.checkpoint import save_checkpoint
 from sluice.storage.lineage import split_key_hashes
@@ -99,11 +98,8 @@ def _champion(reg: Registry, root: str, path, ranks: list | None) -> None:
     assert reg.promote_if_better(rec).promoted
 
 
-def _job(root: str, sel: SelectionConfig | None = IB) -> TrainJob:
-    keys, _, fp = _art(root)
-    spec = SelectionSpec(config=sel, candidate_size=64, split_size=len(keys), fingerprint=fp) if sel else None
-    return TrainJob(config=TrainConfig(model="small_cnn"), selection=spec,
-                    data=ArtifactData(root=root, loader=LoaderConfig(split="train")))
+def _job(root: str, sel: SelectionConfig | None = IB, start: Start | None = None) -> TrainJob:
+    return assembled(root, sel or SelectionConfig(method="none"), start)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +109,8 @@ def carried(versions, tmp_path_factory):
     ranks, loss, seen = _rank_states(n0)
     reg = Registry(d / "reg")
     _champion(reg, versions["v0"], d / "c.pt", ranks)
-    plan, why = plan_warm_start(WARM, reg, _job(versions["v1"]), None, d / "run")
+    start = planned(WARM, reg, versions["v1"], d / "run", IB)
+    plan, why = start.plan, start.why
     assert plan is not None, why
     return {"plan": plan, "loss": loss, "seen": seen, "ranks": ranks}
 
@@ -121,7 +118,7 @@ def carried(versions, tmp_path_factory):
 def test_unchanged_samples_carry_their_loss_and_seen_flag_bit_for_bit(versions, carried):
     plan = carried["plan"]
     assert plan.selector_state and "starts from the champion's table" in plan.selector_why
-    summary = plan_summary(plan, "x")
+    summary = Start(plan=plan, why="x").summary()
     assert summary["selector_state"] == plan.selector_state and summary["selector_rows_carried"] > 0
     k0, live0, _ = _art(versions["v0"])
     k1, live1, fp1 = _art(versions["v1"])
@@ -147,7 +144,7 @@ def test_unchanged_samples_carry_their_loss_and_seen_flag_bit_for_bit(versions, 
 
 def test_the_warm_jobs_selector_starts_from_the_table_and_prunes_on_its_first_call(versions, carried):
     plan = carried["plan"]
-    job = warm_job(_job(versions["v1"]), plan, WARM)
+    job = _job(versions["v1"], start=Start(plan=plan, why="warm"))
     assert job.selection.carried_table == plan.selector_state
     job = TrainJob.model_validate_json(job.model_dump_json())  # as a worker reads job.json
     sel = job.selection.build()
@@ -159,7 +156,7 @@ def test_the_warm_jobs_selector_starts_from_the_table_and_prunes_on_its_first_ca
     below = np.flatnonzero(seen & (table["loss"] < mean))[:64]
     x, y = torch.zeros(64, 1, 8, 8), torch.zeros(64, dtype=torch.int64)
     out = sel(None, x, y, torch.as_tensor(below))
-    assert out.stats["ib_eligible"] == 64 and out.stats["ib_pruned"] > 0 and out.images.shape[0] < 64
+    assert out.stats["ib_eligible"] == 64 and out.stats["ib_pruned"] > 0 and out.inputs.shape[0] < 64
     unseen = np.flatnonzero(~seen)[:64]  # new, changed, relabelled: never pruned
     assert sel(None, x, y, torch.as_tensor(unseen)).stats["ib_pruned"] == 0
     fresh = _job(versions["v1"]).selection.build()  # the same job cold: nothing known, nothing pruned
@@ -167,7 +164,7 @@ def test_the_warm_jobs_selector_starts_from_the_table_and_prunes_on_its_first_ca
 
 
 def test_a_resumed_run_restores_its_own_table_over_the_carried_one(versions, carried):
-    job = warm_job(_job(versions["v1"]), carried["plan"], WARM)
+    job = _job(versions["v1"], start=Start(plan=carried["plan"], why="warm"))
     n = job.selection.split_size
     own = InfoBatchSelector(IB, _ctx(n))
     own.observe(torch.arange(0, n, 3), torch.full((len(range(0, n, 3)),), 0.25))
@@ -190,7 +187,8 @@ def test_no_infobatch_table_carries_nothing_and_says_why(versions, tmp_path, kin
     reg = Registry(tmp_path / "reg")
     _champion(reg, versions["v0"], tmp_path / "c.pt", ranks)
     sel = SelectionConfig(method="uniform") if kind == "tonight_uniform" else IB
-    plan, why = plan_warm_start(WARM, reg, _job(versions["v1"], sel), None, tmp_path / "run")
+    start = planned(WARM, reg, versions["v1"], tmp_path / "run", sel)
+    plan, why = start.plan, start.why
     assert plan is not None, why
     assert plan.selector_state is None and plan.selector_rows_carried == 0
     expect = {"none": "no per-rank training state", "no_selector": "without a selection method",
@@ -198,7 +196,7 @@ def test_no_infobatch_table_carries_nothing_and_says_why(versions, tmp_path, kin
               "tonight_uniform": "selection method is uniform"}[kind]
     assert expect in plan.selector_why, plan.selector_why
     assert not (tmp_path / "run" / "infobatch_carried.npz").exists()
-    assert warm_job(_job(versions["v1"], sel), plan, WARM).selection.carried_table is None
+    assert _job(versions["v1"], sel, start).selection.carried_table is None
 
 
 def test_a_carried_table_is_checked_where_it_is_used(versions, carried):

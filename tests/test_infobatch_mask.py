@@ -46,7 +46,7 @@ def test_mask_mode_weights_equal_drop_modes_loss_on_the_same_dropped_set(cand):
     n_elig = int(eligible.sum())
     target = round(0.5 * 0.75 * CAND)
     n_drop = min(target, n_elig - 1)
-    assert b.images.shape[0] == CAND and torch.equal(b.indices, cand)   # the batch keeps its size
+    assert b.inputs.shape[0] == CAND and torch.equal(b.indices, cand)   # the batch keeps its size
     w = b.weights
     dropped = w == 0
     assert int(dropped.sum()) == n_drop and eligible[dropped].all()
@@ -117,7 +117,7 @@ def test_auto_is_drop_on_the_cpu():
         known_table(s)
     for _ in range(3):
         x, y = auto(None, *batch(), cand), drop(None, *batch(), cand)
-        assert x.images.shape[0] == CAND - 15 and torch.equal(x.indices, y.indices)
+        assert x.inputs.shape[0] == CAND - 15 and torch.equal(x.indices, y.indices)
         assert torch.equal(x.weights, y.weights)
 
 

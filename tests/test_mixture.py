@@ -87,7 +87,7 @@ def test_a_token_loader_draws_each_sources_share_of_tokens():
     for _ in ld:
         pass
     # 1,000 tokens from each (the epoch's very last token is only a target: one source served 999)
-    assert sorted(ld.source_tokens.tolist()) == [999, 1000]
+    assert sorted(ld.served.tolist()) == [999, 1000]
 
 
 @pytest.mark.parametrize("bad,match", [

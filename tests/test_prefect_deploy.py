@@ -98,7 +98,7 @@ def test_deployment_runs_promote_reuse_and_fail_safely(stack, tmp_path):
         latest = max(reg.list(), key=lambda r: r.created_at)
         digests = latest.metrics["param_digests"]
         assert latest.metrics["world_size"] == 2 and len(digests) == 2 and digests[0] == digests[1]
-    _newest_task_logged(stack, "shard", "up to date (nothing rewritten)")
+    _newest_task_logged(stack, "prepare-data", "up to date (nothing rewritten)")
     _newest_task_logged(stack, "irreducible-loss", "irreducible loss reused (stored for this version)")
     assert {p: p.stat().st_mtime_ns for p in (data / "datasets").rglob("*.tar")} == shards_before
     assert {p: p.stat().st_mtime_ns for p in (data / "scores").rglob("*.npy")} == scores_before
@@ -107,8 +107,8 @@ def test_deployment_runs_promote_reuse_and_fail_safely(stack, tmp_path):
 
     # A failing run (missing source) fails the flow and leaves the champion and datasets alone.
     state, out = stack.run_deployment("nightly-retrain/adhoc",
-                                      _tiny(data, prepare={"ingest": {"source": "/no/such/source", "limit": 1500},
-                                                           "shard": {"shard_samples": 500}}))
+                                      _tiny(data, data={"source": "/no/such/source", "ingest": {"limit": 1500},
+                                                        "shard": {"shard_samples": 500}}))
     assert state == "FAILED", out[-4000:]
     assert "/no/such/source" in out.split("the flow run's own log")[-1], out[-4000:]  # says what was wrong
     assert reg.champion().model_id == champ.model_id and len(reg.list()) == 2
@@ -142,9 +142,9 @@ if __name__ == "__main__":
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster:
         r = prepare({"data_root": sys.argv[1], "prepare_runner": cluster.scheduler_address.replace("tcp", "dask"),
-                     "prepare": {"ingest": {"limit": 1000},
-                                 "shard": {"shard_samples": 250, "formats": ["webdataset", "dali"]}}})
-    print("ROOT", r["root"])
+                     "data": {"ingest": {"limit": 1000},
+                              "shard": {"shard_samples": 250, "formats": ["webdataset", "dali"]}}})
+    print("ROOT", r.root)
 """
 
 

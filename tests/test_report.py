@@ -26,12 +26,20 @@ def test_report_states_the_steps_and_accuracy_of_the_training_result(tmp_path):
                            "bytes_per_step": 1e4, "uncompressed_bytes": 1e6, "stopped_by": "max_steps"}}
     il = {"reused": False, "train_seconds": 12.0, "holdout_size": 150, "holdout_accuracy": 0.958,
           "scored_split": "train", "scored_accuracy": 0.812}
-    md = report_markdown(run_summary({"counts": {"train": 1200}}, il, trained, {"candidate_value": 0.78, "eval_split": "val", "report_split": "test", "report": {"acc": 0.7731}}, "test"),
-                         metrics)
+    from sluice.stages.kinds import SourceVersion
+    from sluice.stages.kinds.image import ImageKind, ImageVersion
+    source = SourceVersion(name="fashion-mnist", location="fashion-mnist", root="/d/v", fingerprint="f" * 64,
+                           counts={"train": 1200})
+    version = ImageVersion(fingerprint="f" * 64, sources=[source], counts=source.counts, channels=1, num_classes=10)
+    decision = {"metric": "val_acc", "higher_is_better": True, "candidate_value": 0.78, "eval_split": "val",
+                "report_split": "test", "report": {"value": 0.7731}}
+    md = report_markdown(run_summary(version, il, trained, decision, "test", ImageKind()), metrics)
     assert "**200 steps** on 2 ranks" in md  # it said "0 steps on 2 ranks"
-    assert "final evaluation accuracy **0.7731** on `test`" in md
+    assert "final evaluation on `test`: accuracy **0.7731**" in md
     assert "accuracy on the train split it scores (unseen): 0.812" in md and "(the holdout): 0.958" in md
-    assert "candidate accuracy **0.7800** on `val` (decides); on `test` (reported only): 0.7731" in md
+    assert ("candidate val_acc **0.7800** on `val` (decides; higher is better); on `test` (reported only): 0.7731"
+            in md)
+    assert "- images: 1 channels, 10 classes" in md and "source `fashion-mnist`" in md
     assert md.count("](data:image/svg+xml;base64,") == 2
 
 

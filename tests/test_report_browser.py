@@ -38,7 +38,7 @@ def _series_marks(svg: str, name: str) -> int:
 
 def test_nightly_report_reads_right_in_a_real_browser(prefect_server, tmp_path):
     data = tmp_path / "data"
-    sets = {"prepare.ingest.limit": 600, "prepare.shard.workers": 1, "prepare.shard.formats": "[webdataset,dali]",
+    sets = {"data.ingest.limit": 600, "data.shard.workers": 1, "data.shard.formats": "[webdataset,dali]",
             "selection.method": "none", "train.max_steps": STEPS, "train.batch_size": 32,
             "nproc": 2}  # tiny: the IL lines are checked in test_report.py
     cmd = [sys.executable, "-m", "sluice.flows.cli", "run", "nightly", "--data-root", str(data)]

@@ -47,8 +47,8 @@ def test_loss_selection_picks_highest_loss():
     sel = build_selector(SelectionConfig(method="loss", n_select=2), candidate_size=6)
     out = sel(nn.Identity(), x, y, idx)
     assert sorted(out.indices.tolist()) == [14, 15]
-    assert out.images.shape == (2, C) and out.weights is None
-    assert sorted(out.labels.tolist()) == [4, 5]
+    assert out.inputs.shape == (2, C) and out.weights is None
+    assert sorted(out.targets.tolist()) == [4, 5]
 
 
 def test_rho_loss_picks_highest_reducible_loss_and_reports_stats():
@@ -130,7 +130,7 @@ def test_selective_backprop_fixed_count_and_prefers_high_loss():
         x = logits_with_loss_rank(a.tolist(), [0] * 64)
         idx = torch.arange(64)
         out = sel(nn.Identity(), x, torch.zeros(64, dtype=torch.long), idx)
-        assert out.images.shape[0] == 16 and out.indices.shape[0] == 16
+        assert out.inputs.shape[0] == 16 and out.indices.shape[0] == 16
         counts += torch.bincount(out.indices, minlength=64)
     assert counts[48:].sum() > 4 * counts[:16].sum()
 
@@ -180,7 +180,7 @@ def test_importance_redraw_from_uniform_candidates_is_unbiased():
     est, hits = [], torch.zeros(n)
     for _ in range(4000):
         b = sel(None, x, y, cand)
-        assert b.images.shape[0] == b.indices.shape[0] == b.weights.shape[0] == n_b
+        assert b.inputs.shape[0] == b.indices.shape[0] == b.weights.shape[0] == n_b
         est.append(float((b.weights.double() * torch.as_tensor(losses)[b.indices]).mean()))
         hits += torch.bincount(b.indices, minlength=n)
     assert np.mean(est) == pytest.approx(losses[cand.numpy()].mean(), rel=0.02)
@@ -198,7 +198,7 @@ def _importance_rank(rank: int, world: int, init: str, out: str) -> None:
     b = sel(None, torch.zeros(8, C), torch.zeros(8, dtype=torch.long), mine)
     sel.observe(mine, (mine.float() + 1.0))            # loss of sample i is i + 1
     np.save(f"{out}/rank{rank}.npy", np.stack([sel.sampler.estimates, sel.sampler.probabilities(),
-                                               np.full(16, b.images.shape[0])]))
+                                               np.full(16, b.inputs.shape[0])]))
     dist.destroy_process_group()
 
 
@@ -381,8 +381,8 @@ def test_plain_training_loop(method, tmp_path):
         idx = (torch.as_tensor(sel.sampler.sample(16)) if method == "importance"
                else torch.randperm(96, generator=g)[:16])
         b = sel(model, x[idx], y[idx], idx)
-        assert b.images.shape[0] == (16 if method == "importance" else 8)
-        per = nn.functional.cross_entropy(model(b.images), b.labels, reduction="none")
+        assert b.inputs.shape[0] == (16 if method == "importance" else 8)
+        per = nn.functional.cross_entropy(model(b.inputs), b.targets, reduction="none")
         loss = (per * b.weights).mean() if b.weights is not None else per.mean()
         opt.zero_grad()
         loss.backward()
@@ -409,13 +409,13 @@ def test_infobatch_prunes_only_well_learnt_samples_with_unbiased_weights():
     x, y = torch.zeros(n_cand, C), torch.zeros(n_cand, dtype=torch.long)
     cand = torch.arange(20, 60)
     first = sel(None, x, y, cand)
-    assert first.images.shape[0] == n_cand and first.weights is None   # nothing observed yet
+    assert first.inputs.shape[0] == n_cand and first.weights is None   # nothing observed yet
     losses = torch.where(torch.arange(n) % 4 == 0, 4.0, 0.5).double()  # mean 1.375: 75% below
     sel.observe(torch.arange(n), losses)
     est, sizes, hits = [], set(), torch.zeros(n)
     for _ in range(3000):
         b = sel(None, x, y, cand)
-        sizes.add(b.images.shape[0])
+        sizes.add(b.inputs.shape[0])
         est.append(float((b.weights.double() * losses[b.indices]).mean()))
         hits += torch.bincount(b.indices, minlength=n)
     assert sizes == {n_cand - round(0.5 * 0.75 * n_cand)}               # 40 - 15, every call
@@ -433,11 +433,11 @@ def test_infobatch_anneal_trains_everything_and_unseen_are_kept():
     sel.observe(torch.arange(8), torch.tensor([0.1] * 7 + [5.0]))
     x, y = torch.zeros(8, C), torch.zeros(8, dtype=torch.long)
     b = sel(None, x, y, torch.arange(8, 16))                  # never trained: all kept
-    assert b.images.shape[0] == 8 and b.weights is None
-    assert sel(None, x, y, torch.arange(8)).images.shape[0] < 8
+    assert b.inputs.shape[0] == 8 and b.weights is None
+    assert sel(None, x, y, torch.arange(8)).inputs.shape[0] < 8
     sel.set_progress(0.5)
     b = sel(None, x, y, torch.arange(8))                      # annealed: every sample again
-    assert b.images.shape[0] == 8 and b.weights is None
+    assert b.inputs.shape[0] == 8 and b.weights is None
     with pytest.raises(SelectionError, match="split_size"):
         build_selector(SelectionConfig(method="infobatch"), candidate_size=8)
     with pytest.raises(SelectionError, match="outside the split"):  # pruning: checked at once
@@ -503,7 +503,7 @@ def _infobatch_rank(rank: int, world: int, init: str, out: str) -> None:
     sel.observe(b.indices, torch.full((b.indices.numel(),), 2.0))
     sel.flush()
     np.save(f"{out}/rank{rank}.npy", np.stack([sel.loss.numpy(), sel.seen.numpy().astype(np.float32),
-                                               np.full(16, b.images.shape[0])]))
+                                               np.full(16, b.inputs.shape[0])]))
     dist.destroy_process_group()
 
 

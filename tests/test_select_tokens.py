@@ -163,7 +163,7 @@ def test_drop_and_mask_modes_give_the_same_loss_for_the_same_dropped_rows():
     known_table(sel)
     b = sel(None, inputs(keys), keys.clone(), keys)
     w = b.weights
-    assert len(b.images) == 8 and b.indices is keys                    # the batch keeps its size
+    assert len(b.inputs) == 8 and b.indices is keys                    # the batch keeps its size
     dropped = w == 0
     assert int(dropped.sum()) == 2 and b.stats["ib_pruned"] == 2 and b.stats["n_selected"] == 6
     per = torch.rand(8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
@@ -212,16 +212,16 @@ def test_methods_that_cannot_select_rows_say_so(method):
     c = SelectionConfig(method=method, n_select=2)
     sel = build_selector(c, np.zeros(6, np.float32) if c.needs_il else None, split_size=6)
     with pytest.raises(SelectionError, match=f"'{method}' cannot select packed token rows"):
-        TokenTask(cfg(), torch.device("cpu")).selector_for(sel, None)
+        TokenTask(cfg(), torch.device("cpu")).selector_for(sel)
 
 
-def test_a_token_run_refuses_a_loader_without_document_keys_or_of_another_size():
+def test_a_token_run_refuses_a_loader_without_document_keys_or_a_table_short_of_its_documents():
     tr, _ = _loaders(doc_keys=False)
     with pytest.raises(SelectionError, match="doc_keys=True"):
         train(cfg(max_steps=2), tr, None, _infobatch(tr.n_doc_keys))
     tr, _ = _loaders()
-    with pytest.raises(SelectionError, match=f"table of {tr.n_doc_keys + 1} documents"):
-        train(cfg(max_steps=2), tr, None, _infobatch(tr.n_doc_keys + 1))
+    with pytest.raises(SelectionError, match="outside"):  # a table short of the loader's documents
+        train(cfg(max_steps=3), tr, None, _infobatch(tr.n_doc_keys // 4))
     with pytest.raises(SelectionError, match="'uniform' cannot select packed token rows"):
         train(cfg(max_steps=2), tr, None, build_selector(SelectionConfig(method="uniform", n_select=2)))
 
@@ -268,27 +268,29 @@ def test_a_gpt_run_with_infobatch_prunes_rows_from_its_second_epoch(tmp_path):
 
 
 def test_a_token_job_selects_by_document_through_the_rank_entry(tmp_path):
-    """A typed job (``launch``): the text pipeline's selection spec sizes the table by the train
-    documents, and the rank turns the token loader's ``doc_keys`` on because a method is set."""
-    from sluice.errors import ConfigError
+    """A job assembled once (the kind's data specs, the selection spec) and launched: the table is
+    sized by the train documents, and the token loader yields ``doc_keys`` because a method selects."""
     from sluice.stages.data.text import TextShardConfig, shard_text
-    from sluice.stages.run.launch import launch, make_job
-    from sluice.stages.run.text import token_selection_spec
+    from sluice.stages.kinds.tokens import TokenData, TokenKind
+    from sluice.stages.run.assemble import assemble_job
+    from sluice.stages.run.launch import launch
+    from sluice.stages.run.warm import Start
     src = tmp_path / "text"
     src.mkdir()
     rng = np.random.default_rng(0)
     for i in range(40):
         (src / f"doc{i:03d}.txt").write_text(" ".join(rng.choice(["ab", "cd", "ef", "gh"], int(rng.integers(3, 12)))))
-    info = shard_text(TextShardConfig(tokenizer="byte", val_fraction=0.2, progress=False), src, tmp_path / "art").info()
-    mixture = {"sources": [{"path": str(info["root"]), "weight": 1.0}]}
-    data = {"kind": "tokens", "loader": {"split": "train", "seq_len": 32, "batch_size": 4, "mixture": mixture,
-                                         "prefetch": 0}}
-    spec = token_selection_spec(SelectionConfig(method="infobatch", params={"sync_every": 1}), 4, info)
-    assert spec.split_size == info["counts"]["train"] and spec.candidate_size == 4
-    job = make_job(cfg(num_classes=257, max_steps=4, eval_every_steps=None).model_dump(), data, None,
-                   spec.model_dump())
+    root = shard_text(TextShardConfig(tokenizer="byte", val_fraction=0.2, progress=False), src, tmp_path / "art").root
+    kind = TokenKind()
+    version = kind.version_of([root], names=["notes"])
+    data = TokenData(sources=[{"name": "notes", "source": str(src)}], seq_len=32, prefetch=0)
+    method = SelectionConfig(method="infobatch", params={"sync_every": 1})
+    job = assemble_job(kind, cfg(max_steps=4, eval_every_steps=None), data, method, "val", version, None,
+                       Start(why="scratch"))
+    assert job.selection.split_size == version.counts["train"] and job.selection.candidate_size == 4
+    assert job.config.num_classes == version.vocab_size and job.data.loader.doc_keys
     r = launch(job, nproc=1, out_dir=tmp_path / "run", on_line=lambda s: None)
     assert r.steps == 4 and all(m["select/n_candidates"] == 4 for m in r.metrics)
-    assert token_selection_spec(SelectionConfig(), 4, info) is None
-    with pytest.raises(ConfigError, match="'loss' cannot select packed token rows"):
-        token_selection_spec(SelectionConfig(method="loss"), 4, info)
+    plain = assemble_job(kind, cfg(max_steps=4), data, SelectionConfig(), "val", version, None, Start(why="scratch"))
+    assert plain.selection is None and not plain.data.loader.doc_keys
+    assert "'loss' cannot select packed token rows" in kind.selection_refusal("loss", data)

@@ -171,10 +171,8 @@ def test_champion_losses_are_cached_by_key(versions, tmp_path):
 
 
 def test_a_warm_start_weighs_replay_by_cached_champion_losses(versions, tmp_path):
-    from sluice.stages.load import LoaderConfig
-    from sluice.stages.load.specs import ArtifactData
-    from sluice.stages.train.job import TrainJob
-    from sluice.stages.run.warm import WarmStartConfig, plan_warm_start
+    from sluice.stages.run.warm import WarmStartConfig
+    from warm_plans import plan as planned
     from sluice.storage.lineage import split_key_hashes
     from sluice.storage.registry import Candidate, Registry
     v1, v2 = versions["v1"], versions["v2"]
@@ -184,10 +182,9 @@ def test_a_warm_start_weighs_replay_by_cached_champion_losses(versions, tmp_path
     rec = reg.register(Candidate(tmp_path / "c.pt", dataset_fingerprint=fp, eval_split=f"{fp[:16]}/val", metric="val_acc",
                                  value=0.5, trained_on=(fp, ["train"], split_key_hashes(v1, ["train"]))))
     reg.promote_if_better(rec)
-    job = TrainJob(config=TrainConfig(model="small_cnn", model_kwargs={"width": 4}),
-                   data=ArtifactData(root=v2, loader=LoaderConfig(split="train")))
     warm = WarmStartConfig(init="champion", replay="champion_loss", replay_ratio=0.5)
-    plan, why = plan_warm_start(warm, reg, job, None, tmp_path / "run")
+    start = planned(warm, reg, v2, tmp_path / "run", train=TrainConfig(model="small_cnn", model_kwargs={"width": 4}))
+    plan, why = start.plan, start.why
     assert plan is not None and plan.replayed > 0, why
     table = cache_path(reg.checkpoint_path(rec))
     assert table.is_file() and np.load(table)["losses"].size >= plan.replayed

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 import torch
+
+from sluice.stages import contracts
 from torch.overrides import TorchFunctionMode
 
 from sluice.errors import NonFiniteLoss
@@ -160,7 +162,7 @@ def test_log_every_steps_writes_every_nth_record_with_window_clocks(fmnist, tmp_
     assert len(path.read_text().splitlines()) == 3
 
 
-class PoisonAt:
+class PoisonAt(contracts.SelectorHooks):
     """Keeps every candidate; from call ``at`` on, the first weight is NaN (the loss diverges)."""
 
     def __init__(self, at: int):

@@ -12,7 +12,7 @@ from sluice.errors import LoaderError
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load.mixture import MixtureConfig
 from sluice.stages.load import token_rows
-from sluice.stages.load.tokens import ArrayTokens, SeqLenSchedule, TokenLoader, pack_rows, source_losses
+from sluice.stages.load.tokens import ArrayTokens, SeqLenSchedule, TokenLoader, cu_seqlens, pack_rows, source_losses
 
 EOT = 0
 
@@ -58,7 +58,7 @@ def consume_batches(batches, seen: np.ndarray, ref: np.ndarray) -> None:
 def check_batch(b, seen: np.ndarray, ref: np.ndarray) -> None:
     x, y, ids = (t.numpy() for t in b)
     for r, s0 in enumerate(ids):
-        n = int((b.segment_ids[r] >= 0).sum())
+        n = int((b.inputs["segment_ids"][r] >= 0).sum())
         if s0 < 0:
             assert n == 0 and (y[r] == -100).all()
             continue
@@ -89,7 +89,7 @@ def test_it_is_a_resumable_loader_and_unpacks_as_inputs_targets_ids():
     b = next(iter(ld))
     x, y, ids = b
     assert x.dtype == y.dtype == ids.dtype == torch.int64 and x.shape == y.shape == (2, 16)
-    assert b.segment_ids.dtype == torch.int32 and b.sources.dtype == torch.int16
+    assert b.inputs["segment_ids"].dtype == torch.int32 and b.sources.dtype == torch.int16
 
 
 @pytest.mark.parametrize("sources,mix", [(SOURCES[:1], None), (SOURCES, "weights")])
@@ -147,7 +147,7 @@ def test_doc_keys_name_each_tokens_document_over_all_sources():
         assert (a["doc_keys"][r, :n] == ref_key[s0:s0 + n]).all()
         assert (a["doc_keys"][r, n:] == -1).all()
     batch = next(iter(ld))
-    assert batch.doc_keys.shape == batch.input_ids.shape and batch.doc_keys.dtype == torch.int64
+    assert batch.doc_keys.shape == batch.inputs["input_ids"].shape and batch.doc_keys.dtype == torch.int64
     assert next(iter(loader())).doc_keys is None  # only on request
 
 
@@ -156,7 +156,7 @@ def test_cross_document_targets_can_be_ignored():
     b = next(iter(ld))
     ref, ref_seg, _ = reference(ld)
     crossings = 0
-    for r, s0 in enumerate(b.sample_ids.tolist()):
+    for r, s0 in enumerate(b.indices.tolist()):
         seg = ref_seg[s0:s0 + 33]
         cross = seg[1:] != seg[:-1]
         crossings += cross.sum()
@@ -257,15 +257,15 @@ def test_batches_carry_the_fields_asked_for():
     nanoGPT's batch, whose inputs and targets may be one buffer seen one token apart."""
     full = next(iter(loader(seq_len=24, batch_size=3)))
     lean = next(iter(loader(seq_len=24, batch_size=3, fields=[])))
-    assert all(getattr(full, f) is not None for f in ("segment_ids", "position_ids", "sources"))
-    assert lean.segment_ids is None and lean.position_ids is None and lean.sources is None
-    assert torch.equal(full.input_ids, lean.input_ids) and torch.equal(full.targets, lean.targets)
-    assert torch.equal(lean.targets[:, :-1], lean.input_ids[:, 1:])
-    assert (full.source_tokens == lean.source_tokens).all()
+    assert "segment_ids" in full.inputs and "position_ids" in full.inputs and full.sources is not None
+    assert set(lean.inputs) == {"input_ids"} and lean.sources is None
+    assert torch.equal(full.inputs["input_ids"], lean.inputs["input_ids"]) and torch.equal(full.targets, lean.targets)
+    assert torch.equal(lean.targets[:, :-1], lean.inputs["input_ids"][:, 1:])
+    assert torch.equal(full.source_counts, lean.source_counts)
     with pytest.raises(LoaderError, match="segment_ids"):
-        lean.cu_seqlens()
+        cu_seqlens(lean)
     only = next(iter(loader(fields=["sources"])))
-    assert only.sources is not None and only.segment_ids is None
+    assert only.sources is not None and "segment_ids" not in only.inputs
     with pytest.raises(ValueError, match="twice"):
         loader(fields=["sources", "sources"])
     with pytest.raises(ValueError):
@@ -274,9 +274,9 @@ def test_batches_carry_the_fields_asked_for():
 
 def test_cu_seqlens_follow_the_segments():
     b = next(iter(loader(seq_len=32, batch_size=3)))
-    cu = b.cu_seqlens().tolist()
+    cu = cu_seqlens(b).tolist()
     assert cu[0] == 0 and cu[-1] == 3 * 32 and cu == sorted(set(cu))
-    flat = b.segment_ids.reshape(-1).tolist()
+    flat = b.inputs["segment_ids"].reshape(-1).tolist()
     for a, z in zip(cu, cu[1:]):
         assert len(set(flat[a:z])) == 1 and (a % 32 == 0 or flat[a - 1] != flat[a])
 
@@ -286,9 +286,9 @@ def test_per_source_token_counts_and_losses():
     ref, _, ref_src = reference(ld)
     for _ in ld:
         pass
-    assert ld.source_tokens.tolist() == np.bincount(ref_src[:-1], minlength=3).tolist()
+    assert ld.served.tolist() == np.bincount(ref_src[:-1], minlength=3).tolist()
     b = next(iter(loader()))
-    loss = torch.arange(b.input_ids.numel(), dtype=torch.float32).reshape(b.input_ids.shape)
+    loss = torch.arange(b.inputs["input_ids"].numel(), dtype=torch.float32).reshape(b.inputs["input_ids"].shape)
     sums, counts = source_losses(loss, b.sources, 3)
     for k in range(3):
         m = b.sources == k
@@ -297,7 +297,7 @@ def test_per_source_token_counts_and_losses():
 
 def test_the_order_is_deterministic_per_seed_and_epoch():
     a, b = loader(), loader()
-    assert all(torch.equal(x.input_ids, y.input_ids) for x, y in zip(a, b))
+    assert all(torch.equal(x.inputs["input_ids"], y.inputs["input_ids"]) for x, y in zip(a, b))
     e0 = reference(loader())[0]
     ld = loader()
     ld.set_epoch(1)
@@ -309,7 +309,7 @@ def test_ranks_take_strided_rows_of_each_global_step():
     steps = [list(loader(r, 3, seq_len=16, batch_size=2, row_order="consecutive")) for r in range(3)]
     for r in range(3):
         for k, b in enumerate(steps[r][:-1]):
-            assert b.sample_ids.tolist() == [k * 96 + (r + 3 * j) * 16 for j in range(2)]
+            assert b.indices.tolist() == [k * 96 + (r + 3 * j) * 16 for j in range(2)]
 
 
 def test_lanes_give_a_step_one_row_from_each_lane_and_cover_the_epoch_once():
@@ -324,7 +324,7 @@ def test_lanes_give_a_step_one_row_from_each_lane_and_cover_the_epoch_once():
         for k, b in enumerate(steps[r]):
             lanes = [r, r + 3]
             want = [j * span + k * 16 if k * 16 < min(span, end - j * span) else -1 for j in lanes]
-            assert b.sample_ids.tolist() == want
+            assert b.indices.tolist() == want
         consume_batches(steps[r], seen, ref)
     assert (seen[:-1] == 1).all() and seen[-1] == 0  # every input once; the last token only a target
     assert all(ld.position == end for ld in lds)
@@ -336,9 +336,9 @@ def test_curriculum_lengths_follow_the_schedule():
     ld = loader(seq_len_schedule=sch, batch_size=2)
     lens, trained = [], 0
     for b in ld:
-        assert b.seq_len == sch.at(0, trained) and b.input_ids.shape[1] == b.seq_len
-        lens.append(b.seq_len)
-        trained += 2 * b.seq_len
+        assert b.input.shape[1] == sch.at(0, trained) and b.inputs["input_ids"].shape[1] == b.input.shape[1]
+        lens.append(b.input.shape[1])
+        trained += 2 * b.input.shape[1]
     assert lens[0] == 8 and lens[-1] == 32 and lens == sorted(lens) and all(L % 8 == 0 for L in lens)
     assert {8, 16, 24, 32} <= set(lens)
     steps = SeqLenSchedule(start=64, end=1024, warmup_steps=100, step=8)
@@ -348,14 +348,14 @@ def test_curriculum_lengths_follow_the_schedule():
 
 def test_a_step_curriculum_continues_its_schedule_after_a_resume():
     sch = SeqLenSchedule(start=8, end=32, warmup_steps=12, step=8)
-    whole = [b.seq_len for b in loader(seq_len_schedule=sch)]
+    whole = [b.input.shape[1] for b in loader(seq_len_schedule=sch)]
     first = loader(seq_len_schedule=sch)
     it = iter(first)
-    head = [next(it).seq_len for _ in range(5)]
+    head = [next(it).input.shape[1] for _ in range(5)]
     it.close()
     again = loader(seq_len_schedule=sch)
     again.load_state_dict(first.state_dict())
-    assert head + [b.seq_len for b in again] == whole
+    assert head + [b.input.shape[1] for b in again] == whole
 
 
 def test_curriculum_reaches_all_tokens_too():
@@ -401,7 +401,7 @@ def test_a_three_source_mixture_resumes_from_4_ranks_at_any_world_size(world_to,
     four = run_ranks(make, 4, 3, seen, ref)  # stopped after three steps
     state = four[0].state_dict()
     assert state["position"] == 3 * 4 * 2 * 16 if curriculum is None else 0 < state["position"]
-    per_rank = ("rank", "source_tokens")
+    per_rank = ("rank", "served")
     assert all({k: v for k, v in ld.state_dict().items() if k not in per_rank} ==
                {k: v for k, v in state.items() if k not in per_rank} for ld in four)  # global
     lens_before = {ld.seq_len_at(ld.step, ld.position) for ld in four}
@@ -423,7 +423,7 @@ def test_resume_twice_and_then_the_next_epoch():
     assert (seen[:-1] == 1).all()
     ld = c[0]
     ld.set_epoch(1)
-    assert ld.position == 0 and ld.tokens_before == len(ref) - 1
+    assert ld.position == 0 and ld.cursor.tokens_before == len(ref) - 1
     nxt = reference(ld)[0]
     seen1 = np.zeros(len(nxt), int)
     consume(ld, None, seen1, nxt)

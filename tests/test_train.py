@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sluice.stages.load.arrays import ArrayLoader, fashion_mnist
 from sluice.stages.host import HOST_DEFAULTS, cpu_class
 from sluice.errors import CheckpointMismatch, ConfigError, NonFiniteLoss
-from sluice.stages.contracts import SelectedBatch
+from sluice.stages.contracts import SelectedBatch, SelectorHooks
 from sluice.stages.load.specs import ArraysData
 from sluice.stages.train import TrainConfig, TrainResult, train
 from sluice.stages.train.schedule import lr_at
@@ -47,15 +47,18 @@ def test_array_loader_shards_disjoint_equal_and_pads_without_dropping():
     y = np.arange(103)
     shards = [ArrayLoader(x, y, 8, seed=3, rank=r, world_size=2, drop_last=False)
               for r in range(2)]
-    seen = [torch.cat([b[2] for b in s]) for s in shards]
+    seen = [torch.cat([b.indices for b in s]) for s in shards]
     assert len(shards[0]) == len(shards[1]) and len(seen[0]) == len(seen[1]) == 52
     assert set(seen[0].tolist()) | set(seen[1].tolist()) == set(range(103))  # nothing dropped
     dl = [ArrayLoader(x, y, 8, seed=3, rank=r, world_size=2) for r in range(2)]
-    a, b = (set(torch.cat([t[2] for t in s]).tolist()) for s in dl)
+    a, b = (set(torch.cat([t.indices for t in s]).tolist()) for s in dl)
     assert not a & b and len(dl[0]) == len(dl[1]) == 6
-    dl[0].set_epoch(1)  # an exhausted epoch yields nothing until the next one starts
-    img, lab, idx = next(iter(dl[0]))
-    assert img.shape == (8, 1, 4, 4) and img.dtype == torch.uint8 and lab.dtype == torch.int64
+    dl[0].set_epoch(1)
+    img, lab, idx = next(iter(dl[0]))  # model-ready: normalised to [-1, 1] unless told otherwise
+    assert img.shape == (8, 1, 4, 4) and img.dtype == torch.float32 and lab.dtype == torch.int64
+    assert torch.equal(img, torch.full_like(img, -1.0))
+    raw = next(iter(ArrayLoader(x, y, 8, seed=3, normalize=None)))
+    assert raw.input.dtype == torch.uint8
 
 
 def test_array_loader_resumes_at_exact_next_batch():
@@ -67,10 +70,10 @@ def test_array_loader_resumes_at_exact_next_batch():
     for _ in range(3):
         next(it)
     state = json.loads(json.dumps(a.state_dict()))  # JSON-safe
-    rest = [b[2] for b in it]
+    rest = [b.indices for b in it]
     b = ArrayLoader(x, y, 8, seed=1)
     b.load_state_dict(state)
-    assert [t.tolist() for t in (c[2] for c in b)] == [t.tolist() for t in rest]
+    assert [t.tolist() for t in (c.indices for c in b)] == [t.tolist() for t in rest]
     with pytest.raises(ValueError, match="seed"):  # another seed is another order
         ArrayLoader(x, y, 8, seed=2).load_state_dict(state)
 
@@ -79,8 +82,7 @@ def test_typed_data_spec_builds_a_rank_slice_and_refuses_unknown_kinds(tmp_path,
     from sluice.stages.run.launch import make_job
     x, y, *_ = fmnist
     np.savez(tmp_path / "a.npz", images=x[:100], labels=y[:100])
-    ld = ArraysData(path=str(tmp_path / "a.npz")).build(batch_size=10, rank=1, world_size=2,
-                                                          seed=0, train=True)
+    ld = ArraysData(path=str(tmp_path / "a.npz"), batch_size=10).build(rank=1, world_size=2)
     assert len(ld) == 5
     with pytest.raises(ConfigError, match="data"):  # a typo fails before anything is launched
         make_job(cfg(), {"kind": "nope", "path": "x"})
@@ -206,7 +208,7 @@ def test_incompatible_checkpoint_is_refused(tmp_path, fmnist):
               *loaders(fmnist))
 
 
-class FixedCountSelector:
+class FixedCountSelector(SelectorHooks):
     """Keeps the k highest-loss samples; poisons the weights after ``nan_after`` calls."""
 
     def __init__(self, k: int, nan_after: int | None = None):

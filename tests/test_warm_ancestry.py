@@ -10,11 +10,9 @@ import pytest
 
 from sluice.stages.data.config import IngestConfig, ShardConfig
 from sluice.stages.data.shard import shard_dataset
-from sluice.stages.load.config import LoaderConfig
-from sluice.stages.load.specs import ArtifactData
 from sluice.stages.train.config import TrainConfig
-from sluice.stages.train.job import TrainJob
-from sluice.stages.run.warm import WarmStartConfig, plan_warm_start, warm_job
+from sluice.stages.run.warm import WarmStartConfig
+from warm_plans import job, plan as planned
 from sluice.storage.ancestry import changes_since, is_ancestor
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.checkpoint import save_checkpoint
@@ -85,9 +83,7 @@ def _champion(reg: Registry, version, tmp_path) -> None:
     assert reg.promote_if_better(rec).promoted
 
 
-def _job(root: str) -> TrainJob:
-    return TrainJob(config=TrainConfig(model="small_cnn", lr=0.2, warmup_min_steps=100),
-                    data=ArtifactData(root=root, loader=LoaderConfig(split="train")))
+TRAIN = TrainConfig(model="small_cnn", lr=0.2, warmup_min_steps=100)
 
 
 def test_warm_plan_treats_changed_relabelled_and_new_as_new(versions, tmp_path):
@@ -95,12 +91,13 @@ def test_warm_plan_treats_changed_relabelled_and_new_as_new(versions, tmp_path):
     reg = Registry(tmp_path / "reg")
     _champion(reg, v0, tmp_path)
     warm = WarmStartConfig(init="champion", replay_ratio=1.0)
-    plan, why = plan_warm_start(warm, reg, _job(v2.root), None, tmp_path / "run")
+    start = planned(warm, reg, v2.root, tmp_path / "run", train=TRAIN)
+    plan, why = start.plan, start.why
     assert plan is not None, why
     art = DatasetArtifact(v2.root)
     keys = art.keys("train")
     live = set(art.live("train").tolist())
-    subset = set(np.load(plan.subset).tolist())
+    subset = set(np.load(plan.subsets[v2.root.split("/")[-2]]).tolist())
     assert subset <= live  # the deleted sample and s5's old pixels are never trained on
     champion_keys = set(DatasetArtifact(v0.root).keys("train"))
     for i in live:
@@ -110,17 +107,17 @@ def test_warm_plan_treats_changed_relabelled_and_new_as_new(versions, tmp_path):
     expected_new = sum(1 for i in live if keys[i] not in champion_keys or keys[i] in ("s5", "s7"))
     assert plan.new == expected_new
     # the warm run's own warm-up: no floor in steps
-    job = warm_job(_job(v2.root), plan, warm)
-    assert job.config.warmup_min_steps is None and job.config.warmup_fraction == warm.warmup_fraction
-    assert job.config.lr == pytest.approx(0.2 * warm.lr_scale) and job.config.init_from == plan.checkpoint
+    warm_job = job(v2.root, start=start, train=TRAIN)
+    assert warm_job.config.warmup_min_steps is None and warm_job.config.warmup_fraction == warm.warmup_fraction
+    assert warm_job.config.lr == pytest.approx(0.2 * warm.lr_scale) and warm_job.config.init_from == plan.checkpoint
 
 
 def test_warm_start_refused_when_the_champions_version_is_no_ancestor(versions, tmp_path):
     v0 = versions["v"][0]
     reg = Registry(tmp_path / "reg")
     _champion(reg, v0, tmp_path)
-    plan, why = plan_warm_start(WarmStartConfig(init="auto"), reg, _job(versions["whole"].root), None, tmp_path / "r")
-    assert plan is None and "not an ancestor" in why
+    start = planned(WarmStartConfig(init="auto"), reg, versions["whole"].root, tmp_path / "r", train=TRAIN)
+    assert start.plan is None and "not an ancestor" in start.why
     from sluice.errors import ConfigError
     with pytest.raises(ConfigError, match="not an ancestor"):
-        plan_warm_start(WarmStartConfig(init="champion"), reg, _job(versions["whole"].root), None, tmp_path / "r")
+        planned(WarmStartConfig(init="champion"), reg, versions["whole"].root, tmp_path / "r", train=TRAIN)

@@ -82,18 +82,10 @@ def test_replay_policies_pick_distinct_old_samples_by_their_rule():
         WarmStartConfig(replay="nope")
 
 
-def _job(artifact_root: str):
-    from sluice.stages.load import LoaderConfig
-    from sluice.stages.load.specs import ArtifactData
-    from sluice.stages.train.job import TrainJob
-    return TrainJob(config=TrainConfig(model="small_cnn"),
-                    data=ArtifactData(root=artifact_root, loader=LoaderConfig(split="train")))
-
-
 def test_a_missing_or_corrupt_champion_falls_back_under_auto_and_is_refused_under_champion(tmp_path,
                                                                                            fmnist_artifact):
-    from sluice.stages.run.warm import plan_warm_start
     from sluice.storage.lineage import split_key_hashes
+    from warm_plans import plan as planned
     from sluice.storage.registry import Candidate, Registry
     root = fmnist_artifact.root
     reg = Registry(tmp_path / "reg")
@@ -104,13 +96,16 @@ def test_a_missing_or_corrupt_champion_falls_back_under_auto_and_is_refused_unde
     rec = reg.register(Candidate(ckpt, dataset_fingerprint=fp, eval_split="f/val", metric="val_acc", value=0.5,
                                  trained_on=(fp, ["train"], half)))
     reg.promote_if_better(rec)
-    plan, why = plan_warm_start(WarmStartConfig(init="auto"), reg, _job(root), None, tmp_path / "run")
+    start = planned(WarmStartConfig(init="auto"), reg, root, tmp_path / "run")
+    plan, why = start.plan, start.why
     assert plan is not None and plan.new > 0 and plan.replayed == min(plan.new, half.size), why
     reg.checkpoint_path(rec).write_bytes(b"not a checkpoint")  # damaged at rest
-    plan, why = plan_warm_start(WarmStartConfig(init="auto"), reg, _job(root), None, tmp_path / "run")
+    start = planned(WarmStartConfig(init="auto"), reg, root, tmp_path / "run")
+    plan, why = start.plan, start.why
     assert plan is None and "unreadable" in why
     with pytest.raises(ConfigError, match="unreadable"):
-        plan_warm_start(WarmStartConfig(init="champion"), reg, _job(root), None, tmp_path / "run")
+        planned(WarmStartConfig(init="champion"), reg, root, tmp_path / "run")
     reg.checkpoint_path(rec).unlink()  # gone
-    plan, why = plan_warm_start(WarmStartConfig(init="auto"), reg, _job(root), None, tmp_path / "run")
+    start = planned(WarmStartConfig(init="auto"), reg, root, tmp_path / "run")
+    plan, why = start.plan, start.why
     assert plan is None and "unreadable" in why

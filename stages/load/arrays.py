@@ -9,6 +9,9 @@ number of steps. With ``drop_last=False`` the order is padded by repeating its f
 (``epochs.EpochCursor``): it resumes at the exact next batch, or — at another world size or
 batch — with the rest of the epoch. The arrays are held as the ``memory`` backend holds a decoded
 split (``backends.held_split.HeldSplit``): with a CUDA ``device``, on the GPU where they fit, else pinned.
+With ``normalize`` (mean and std, as the ``normalize`` augmentation op takes them) the batches
+are model-ready floats, ``(x/255 − mean) / std`` (``pixels.normalize_uint8``), made where the
+arrays are held.
 """
 from __future__ import annotations
 
@@ -21,21 +24,58 @@ import numpy as np
 import torch
 
 from sluice.errors import ArtifactError, LoaderError
+from sluice.stages.contracts import Batch
 from sluice.stages.data.sources.idx import read_idx
+from sluice.stages.load.augment.normalize import Normalize
+from sluice.stages.load.base import LoaderBase, as_device
 from sluice.stages.load.epochs import EpochCursor
 from sluice.stages.load.backends.held_split import HeldSplit
 from sluice.stages.load.samplers import SequentialSampler, ShuffleSampler
+from sluice.stages.load.timings import Timings
+from sluice.stages.pixels import channel_values, normalize_uint8
 from sluice.storage.artifact import DatasetArtifact, open_artifact
 from sluice.stages.host import usable_cores
 
 
-class ArrayLoader:
-    """Batches ``(images NCHW uint8, labels int64, indices int64)`` from NHWC uint8 arrays."""
+class _UnevenCursor:
+    """An evaluation's place in its epochs when ranks take ``order[rank::world]`` unpadded
+    (their batch counts may differ by one): the same moves as ``epochs.EpochCursor``."""
+
+    def __init__(self, n: int, rank: int, world: int, batch: int):
+        self.n_batches = -(-len(range(rank, n, world)) // batch)
+        self.epoch, self.next_batch = 0, 0
+
+    def batches(self) -> int:
+        return self.n_batches
+
+    def restart(self, epoch: int) -> None:
+        self.epoch, self.next_batch = int(epoch), 0
+
+    def iteration_start(self) -> tuple[int, int]:
+        if self.next_batch >= self.n_batches:
+            self.restart(self.epoch + 1)
+        return self.epoch, self.next_batch
+
+    def advance(self) -> None:
+        self.next_batch += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "next_batch": self.next_batch}
+
+    def load_state_dict(self, state: dict[str, Any], world: int, batch: int) -> None:
+        self.epoch, self.next_batch = int(state["epoch"]), int(state["next_batch"])
+
+
+class ArrayLoader(LoaderBase):
+    """Batches of NHWC uint8 arrays as ``contracts.Batch``: images NCHW float, normalised by
+    ``normalize``'s mean and std (default 0.5 and 0.5: pixels to [-1, 1]; None: the uint8 pixels
+    as they are), labels int64, indices int64."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int,
                  shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
                  drop_last: bool = True, even: bool = True, delay_s: float = 0.0,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu",
+                 normalize: Normalize | dict | None = Normalize(mean=[0.5], std=[0.5])):
         if images.ndim == 3:  # N H W -> N H W 1
             images = images[..., None]
         if images.ndim != 4:
@@ -46,48 +86,42 @@ class ArrayLoader:
             raise LoaderError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise LoaderError(f"rank {rank} outside world of size {world_size}")
+        self.device = as_device(device)
+        self.names = ["arrays"]
         # NCHW once, so batches are cheap slices
         nchw = np.array(images.transpose(0, 3, 1, 2), order="C")
-        self.held = HeldSplit(nchw, np.asarray(labels, dtype=np.int64), device)
+        self.held = HeldSplit(nchw, np.asarray(labels, dtype=np.int64), self.device)
         n = len(labels)
         self.sampler = ShuffleSampler(n, seed) if shuffle else SequentialSampler(n)
         self.batch_size, self.seed = batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.drop_last, self.even = drop_last, even
         self.delay_s = delay_s  # simulated storage latency per batch (stall measurements)
+        norm = Normalize.model_validate(normalize) if isinstance(normalize, dict) else normalize
+        c = nchw.shape[1]
+        self.normalize = None if norm is None else (channel_values(norm.mean, c, self.held.device, "normalize.mean"),
+                                                    channel_values(norm.std, c, self.held.device, "normalize.std"))
+        self.timings = Timings()
         self.cursor = EpochCursor(lambda epoch, _g: self.sampler.epoch_order(epoch), n, rank=rank,
                                   world=world_size, batch=batch_size, drop_last=drop_last,
-                                  mode="drop" if drop_last else "pad")
+                                  mode="drop" if drop_last else "pad") if even else \
+            _UnevenCursor(n, rank, world_size, batch_size)
         if len(self) == 0:
             raise LoaderError(f"{n} samples give no batch of {batch_size} per rank with "
                               f"{world_size} ranks")
-
-    @property
-    def epoch(self) -> int:
-        return self.cursor.epoch
 
     @property
     def position(self) -> int:
         """Batches already served in this epoch."""
         return self.cursor.next_batch
 
-    def _shard(self) -> np.ndarray:
+    def _shard(self, epoch: int) -> np.ndarray:
         if self.even:
-            return self.cursor.rank_order()[0]
-        return self.sampler.epoch_order(self.epoch)[self.rank::self.world_size]
+            return self.cursor.rank_order(epoch)[0]
+        return self.sampler.epoch_order(epoch)[self.rank::self.world_size]
 
-    def __len__(self) -> int:
-        if self.even:
-            return self.cursor.batches()
-        return -(-len(range(self.rank, len(self.held.labels), self.world_size)) // self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its first batch (a new permutation)."""
-        self.cursor.set_epoch(int(epoch))
-        self.cursor.next_batch = 0
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        idx = self._shard().astype(np.int64)
+    def _produce(self, epoch: int, start: int) -> Iterator[Batch]:
+        idx = self._shard(epoch).astype(np.int64)
         gather = self.held.gather(idx)
         while self.position < len(self):
             b = self.position
@@ -96,7 +130,10 @@ class ArrayLoader:
                 time.sleep(self.delay_s)
             self.cursor.advance()
             x, y, i = gather(idx[lo:hi], lo, hi, True)
-            yield torch.as_tensor(x), torch.as_tensor(y), torch.as_tensor(i)
+            x = torch.as_tensor(x)
+            if self.normalize is not None:
+                x = normalize_uint8(x, *self.normalize)
+            yield Batch.of_images(x, torch.as_tensor(y), torch.as_tensor(i))
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.cursor.state_dict(), "position": self.position, "seed": self.seed,

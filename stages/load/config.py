@@ -87,7 +87,7 @@ def loader_device(setting: str, training: torch.device | None = None) -> torch.d
     built on its own); a bare ``cuda`` is the training rank's own GPU when that is CUDA, else the
     current one. An explicit index wins."""
     if setting == "auto":
-        return training if training is not None else torch.device("cpu")
+        return with_index(training) if training is not None else torch.device("cpu")
     if setting == "cuda" and training is not None and training.type == "cuda":
         return training
     return with_index(setting)

@@ -15,7 +15,7 @@ of the uninterrupted run — none twice, none skipped. The epochs after it use t
 size's own order and cut. Resizing more than once inside an epoch works the same way.
 
 An epoch's length is one number for every epoch (``n``: one split's sampler), or, for a loader
-whose epochs differ in length (a mixture whose weights changed between runs: ``image_mixture``),
+whose epochs differ in length (a mixture whose weights changed between runs: ``loader``),
 ``length(epoch)``; a saved position carries its epoch's end, so it resumes either way.
 """
 from __future__ import annotations

@@ -86,7 +86,7 @@ class BatchFinisher:
         batch_size, seed, augment, timings, image = self.batch_size, self.seed, self.augment, self.timings, self.image
         decoder = self.decoder
         if backend.augments:  # DALI: augmentation and transfer happen inside, with the same draws
-            yield from (Batch(*b) for b in backend.epoch(order, batch_size, drop_last, start,
+            yield from (Batch.of_images(*b) for b in backend.epoch(order, batch_size, drop_last, start,
                                                          resolution=resolution, epoch=epoch))
             return
         device = with_index(self.device)
@@ -125,7 +125,7 @@ class BatchFinisher:
                 timings.add("augment", time.perf_counter() - t1)
                 ready = stream.record_event() if cuda else None
             b += 1
-            batch = Batch(x, y, i)
+            batch = Batch.of_images(x, y, i)
             yield batch if ready is None else OnStream(batch, ready)
 
 
@@ -138,6 +138,6 @@ class OnStream(NamedTuple):
         """The batch for the caller's stream: it waits for ``ready``; the memory outlives its use."""
         cur = torch.cuda.current_stream(device)
         cur.wait_event(self.ready)
-        for t in self.batch:
+        for t in self.batch.tensors():
             t.record_stream(cur)
         return self.batch

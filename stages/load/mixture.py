@@ -18,7 +18,10 @@ quotas are of ``epoch_size`` tokens (default all of them) and each becomes
 Draws. ``c_i ≤ n_i``: ``c_i`` distinct samples, a fresh seeded choice each epoch. ``c_i > n_i``:
 whole passes, each a fresh permutation of the source, the last pass partial (every sample
 ``floor`` or ``ceil`` of ``c_i / n_i`` times). Seeds are (seed, epoch, crc32(name), pass), so
-reordering the sources in the config changes no source's draw.
+reordering the sources in the config changes no source's draw. A source's ``n_i`` samples are
+the ones it may give (``SeededDraw.items``: a version's live samples, or the ``subset`` a warm
+run trains on). A source may bring a draw of its own instead (``MixturePlan(draws=...)``: the
+image loader's one source is ordered by its sampler, shuffle, curriculum or weighted alike).
 
 Interleave. ``stratified`` (default): item j of source i gets the key ``(j + u) / c_i`` with
 ``u ~ U(0, 1)``, and the epoch is sorted by key: every prefix of the order holds each source
@@ -33,10 +36,11 @@ state), and the next epoch follows the new ones. Every change is recorded as
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from fractions import Fraction
 from pathlib import PurePath
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -52,6 +56,8 @@ class SourceSpec(BaseModel):
     weight: float | None = Field(None, gt=0, description="proportion: a share of epoch_size")
     repeat: float | None = Field(None, gt=0, description="absolute: round(repeat × the source's size)")
     choose: int | None = Field(None, ge=0, description="absolute: exactly this many per epoch")
+    subset: str | None = Field(None, description=".npy of the source's split indices (documents, images) "
+                               "to draw from: a warm run's new and replayed samples; default: all of them")
 
     @model_validator(mode="after")
     def _one_rule(self) -> "SourceSpec":
@@ -189,12 +195,46 @@ def draw(n: int, count: int, seed: int, epoch: int, key: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
+class SourceDraw(Protocol):
+    """Which samples of one source an epoch takes, in order: ``count`` of its ``len()`` samples,
+    as the source's own indices (split indices, documents). ``fixed``: the same arguments always
+    give the same draw (the plan may keep it); a sampler whose weights change between calls is not."""
+    fixed: bool
+
+    def __len__(self) -> int: ...
+    def __call__(self, epoch: int, count: int, global_batch: int) -> np.ndarray: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SeededDraw:
+    """The plan's own draw (``draw``) over ``n`` samples, seeded by (seed, epoch, the source's
+    key); ``items`` maps draw positions to the source's indices (its live samples, a subset)."""
+    n: int
+    seed: int
+    key: int
+    items: np.ndarray | None = None
+    fixed = True
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __call__(self, epoch: int, count: int, global_batch: int) -> np.ndarray:
+        idx = draw(self.n, count, self.seed, epoch, self.key)
+        return self.items[idx] if self.items is not None else idx
+
+
 def mixture_order(counts: np.ndarray, sizes: Sequence[int], names: Sequence[str], seed: int,
-                  epoch: int, interleave: str = "stratified") -> tuple[np.ndarray, np.ndarray]:
-    """The epoch's global order as two arrays: source number and index within that source."""
+                  epoch: int, interleave: str = "stratified", draws: Sequence[SourceDraw] | None = None,
+                  global_batch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The epoch's global order as two arrays: source number and index within that source
+    (``draws``: each source's own draw; default the plan's seeded ones over ``sizes``)."""
     counts = np.asarray(counts, dtype=np.int64)
-    idx = np.concatenate([draw(n, c, seed, epoch, source_key(nm)) for n, c, nm in zip(sizes, counts, names)])
+    if draws is None:
+        draws = [SeededDraw(int(n), seed, source_key(nm)) for n, nm in zip(sizes, names)]
+    idx = np.concatenate([d(epoch, int(c), global_batch) for d, c in zip(draws, counts)]).astype(np.int64)
     labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    if len(counts) == 1:  # one source: every interleave keeps its draw's order
+        return labels, idx
     rng = np.random.default_rng([seed, epoch, 0x6D6978])  # "mix"
     if interleave == "shuffle":
         perm = rng.permutation(len(labels))
@@ -209,13 +249,18 @@ def mixture_order(counts: np.ndarray, sizes: Sequence[int], names: Sequence[str]
 
 class MixturePlan:
     """The mixture in force: counts per epoch (an epoch begun under other counts keeps them) and
-    each epoch's order. ``sizes``: samples (images, documents) in each source, in config order;
-    ``tokens``: their tokens, for weights in tokens."""
+    each epoch's order. ``sizes``: samples (images, documents) each source may give, in config
+    order (default: each draw's length); ``tokens``: their tokens, for weights in tokens;
+    ``draws``: each source's own draw (default: the plan's seeded draws over ``sizes``)."""
 
-    def __init__(self, config: MixtureConfig, sizes: Sequence[int], tokens: Sequence[int] | None = None):
+    def __init__(self, config: MixtureConfig, sizes: Sequence[int] | None = None,
+                 tokens: Sequence[int] | None = None, draws: Sequence[SourceDraw] | None = None):
+        if sizes is None and draws is None:
+            raise LoaderError("a mixture plan needs its sources' sizes or draws")
         self.config = config
         self.names = config.names
-        self.sizes = [int(n) for n in sizes]
+        self.sizes = [int(n) for n in (sizes if sizes is not None else [len(d) for d in draws])]  # type: ignore[union-attr]
+        self.draws = list(draws) if draws is not None else None
         self.counts = epoch_counts(config, self.sizes, tokens)
         self.changes: list[dict[str, Any]] = []
         self._pinned: tuple[int, np.ndarray, list[str], list[int]] | None = None  # (epoch, counts, names, sizes)
@@ -230,13 +275,17 @@ class MixturePlan:
     def epoch_size(self, epoch: int) -> int:
         return int(self.counts_for(epoch).sum())
 
-    def order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source, index) of every sample of ``epoch``, in order; cached for the last epoch asked."""
+    def order(self, epoch: int, global_batch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(source, index) of every sample of ``epoch``, in order (``global_batch``: what the
+        epoch is cut into, for a draw that paces by it, a curriculum); cached for the last asked."""
         counts = self.counts_for(epoch)
-        key = (epoch, tuple(counts.tolist()))
+        key = (epoch, tuple(counts.tolist()), global_batch)
+        if self.draws is not None and not all(d.fixed for d in self.draws):
+            return mixture_order(counts, self.sizes, self.names, self.config.seed, epoch, self.config.interleave,
+                                 self.draws, global_batch)
         if self._cache is None or self._cache[0] != key:
             self._cache = (key, mixture_order(counts, self.sizes, self.names, self.config.seed, epoch,
-                                              self.config.interleave))
+                                              self.config.interleave, self.draws, global_batch))
         return self._cache[1]
 
     def _specs(self, counts: np.ndarray, names: list[str]) -> dict[str, dict[str, Any]]:

@@ -33,23 +33,24 @@ L rises from ``start`` to ``end`` over ``warmup_tokens`` (tokens trained, the sa
 size) or ``warmup_steps`` (global steps this loader handed out), rounded down to a multiple of
 ``step``. Early rows are re-packed shorter rather than truncated, so no token is wasted.
 
-Batches (``TokenBatch``): ``input_ids`` and ``targets`` int64 (B, L), and the per-token fields
-the config lists in ``fields`` (by default all three; ``[]``: nanoGPT's batch, the fastest):
-``segment_ids`` int32 (B, L), the document's number within the row (0, 1, ...; -1 for padding):
-attend only where equal; ``position_ids`` int64 (B, L), the token's position within its
-document's part of the row; ``sources`` int16 (B, L), the mixture source of each token (-1 for
-padding: per-source losses). ``doc_keys`` int64 (B, L) on request (``doc_keys=True``): each
-token's document as one key over all sources (``doc_key_base[source] + index``; -1 for padding),
-for selection by document. Packing itself is ``token_rows``.
-``sample_ids`` int64 (B,), the row's start in the epoch's stream (-1 for a padding row): with
-(epoch, L) it names the row's tokens exactly. Unpacked, a batch is ``(input_ids, targets,
-sample_ids)``: the loop's ``(inputs, labels, indices)``. ``cu_seqlens()`` gives flash-attention's
-varlen boundaries.
+Batches (``contracts.Batch``, the one every loader yields): ``inputs["input_ids"]`` and
+``targets`` int64 (B, L), and the per-token fields the config lists in ``fields`` (by default all
+three; ``[]``: nanoGPT's batch, the fastest): ``inputs["segment_ids"]`` int32 (B, L), the
+document's number within the row (0, 1, ...; -1 for padding): attend only where equal;
+``inputs["position_ids"]`` int64 (B, L), the token's position within its document's part of the
+row; ``sources`` int16 (B, L), the mixture source of each token (-1 for padding: per-source
+losses), with ``source_counts`` (the batch's input tokens per source). ``doc_keys`` int64 (B, L)
+on request (``doc_keys=True``): each token's document as one key over all sources
+(``doc_key_base[source] + index``; -1 for padding), for selection by document. ``indices`` int64
+(B,): the row's start in the epoch's stream (-1 for a padding row): with (epoch, L) it names the
+row's tokens exactly. Unpacked, a batch is ``(input_ids, targets, indices)``. ``cu_seqlens``
+gives flash-attention's varlen boundaries. Packing itself is ``token_rows``; the position is
+``token_cursor``'s.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
+import time
 from typing import Any, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
@@ -57,11 +58,17 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.errors import LoaderError
-from sluice.stages.load.mixture import MixtureConfig, MixturePlan
+from sluice.stages.contracts import Batch
+from sluice.stages.load.base import LoaderBase, as_device
+from sluice.stages.load.mixture import MixtureConfig, MixturePlan, SeededDraw, source_key
 from sluice.stages.load.prefetch import prefetched
 from sluice.stages.load.timings import Timings
+from sluice.stages.load.token_cursor import SeqLenSchedule, Step, TokenCursor
 from sluice.stages.load.token_rows import ROW_FIELDS, EpochStream, build_stream, pack_rows
 from sluice.storage.tokens import open_token_split
+
+__all__ = ["TokenLoader", "TokenLoaderConfig", "SeqLenSchedule", "ArrayTokens", "TokenSource", "cu_seqlens",
+           "source_losses", "open_token_sources"]
 
 
 class TokenSource(Protocol):
@@ -86,38 +93,6 @@ class ArrayTokens:
         lens = np.array([len(d) for d in docs], dtype=np.int64)
         toks = np.concatenate([np.asarray(d, dtype=dtype) for d in docs]) if len(docs) else np.empty(0, dtype)
         return cls(toks, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), eot, vocab_size)
-
-
-class SeqLenSchedule(BaseModel):
-    """Sequence-length warm-up: ``start`` → ``end`` over ``warmup_tokens`` or ``warmup_steps``,
-    rounded down to a multiple of ``step`` (never below ``start``)."""
-    model_config = ConfigDict(extra="forbid")
-    start: int = Field(64, ge=1)
-    end: int = Field(1024, ge=1)
-    warmup_tokens: int | None = Field(None, ge=1)
-    warmup_steps: int | None = Field(None, ge=1)
-    step: int = Field(8, ge=1)
-    kind: Literal["linear", "root"] = "linear"
-
-    @model_validator(mode="after")
-    def _check(self) -> "SeqLenSchedule":
-        if (self.warmup_tokens is None) == (self.warmup_steps is None):
-            raise ValueError("seq_len_schedule needs exactly one of warmup_tokens, warmup_steps")
-        if self.end < self.start:
-            raise ValueError(f"seq_len_schedule end ({self.end}) must be >= start ({self.start})")
-        return self
-
-    def at(self, step: int, tokens: int) -> int:
-        """The length of the global step ``step`` beginning after ``tokens`` trained tokens."""
-        t = step / self.warmup_steps if self.warmup_steps else tokens / self.warmup_tokens
-        t = min(max(t, 0.0), 1.0)
-        if self.kind == "root":
-            t = math.sqrt(t)
-        L = self.start + (self.end - self.start) * t
-        return int(min(self.end, max(self.start, L // self.step * self.step)))
-
-    def done(self, step: int, tokens: int) -> bool:
-        return (step >= self.warmup_steps) if self.warmup_steps else tokens >= self.warmup_tokens
 
 
 class TokenLoaderConfig(BaseModel):
@@ -153,35 +128,18 @@ class TokenLoaderConfig(BaseModel):
         return self
 
 
-@dataclasses.dataclass
-class TokenBatch:
-    """One rank's rows of a step (see the module docstring for each field). The per-token fields
-    are None unless the config asks for them (``fields``, ``doc_keys``). ``input_ids`` and
-    ``targets`` may share memory (the targets the inputs shifted by one): copy before writing."""
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    sample_ids: torch.Tensor
-    source_tokens: np.ndarray  # input tokens per mixture source (metrics)
-    seq_len: int
-    segment_ids: torch.Tensor | None = None  # (B, L) int32 with "segment_ids" in config.fields
-    position_ids: torch.Tensor | None = None  # (B, L) int64 with "position_ids" in config.fields
-    sources: torch.Tensor | None = None  # (B, L) int16 with "sources" in config.fields
-    doc_keys: torch.Tensor | None = None  # (B, L) int64 with config.doc_keys: see doc_key_base
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter((self.input_ids, self.targets, self.sample_ids))
-
-    def cu_seqlens(self) -> torch.Tensor:
-        """int32 boundaries of the documents (and padding runs) over the flattened (B × L)
-        inputs, for varlen attention (flash-attention's ``cu_seqlens``)."""
-        seg = self.segment_ids
-        if seg is None:
-            raise LoaderError("cu_seqlens needs segment_ids: list them in the loader's fields")
-        B, L = seg.shape
-        change = torch.ones_like(seg, dtype=torch.bool)
-        change[:, 1:] = seg[:, 1:] != seg[:, :-1]
-        starts = torch.nonzero(change.reshape(-1)).reshape(-1)
-        return torch.cat([starts, starts.new_tensor([B * L])]).to(torch.int32)
+def cu_seqlens(batch: Batch) -> torch.Tensor:
+    """int32 boundaries of the documents (and padding runs) over the flattened (B × L) inputs of
+    a token batch (its ``inputs["segment_ids"]``), for varlen attention (flash-attention's
+    ``cu_seqlens``)."""
+    seg = batch.inputs.get("segment_ids")
+    if seg is None:
+        raise LoaderError("cu_seqlens needs segment_ids: list them in the loader's fields")
+    B, L = seg.shape
+    change = torch.ones_like(seg, dtype=torch.bool)
+    change[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    starts = torch.nonzero(change.reshape(-1)).reshape(-1)
+    return torch.cat([starts, starts.new_tensor([B * L])]).to(torch.int32)
 
 
 def source_losses(per_token: torch.Tensor, sources: torch.Tensor, n_sources: int,
@@ -199,17 +157,6 @@ def source_losses(per_token: torch.Tensor, sources: torch.Tensor, n_sources: int
     return sums, counts
 
 
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One global step: where it begins, its row length, and this rank's row starts (-1: padding)."""
-    epoch: int
-    position: int
-    seq_len: int
-    advance: int
-    starts: np.ndarray
-    limits: np.ndarray | None = None  # lanes: where each row's tokens stop (its lane's end + 1)
-
-
 def open_token_sources(config: TokenLoaderConfig) -> list[TokenSource]:
     """Each mixture source's token split (``storage.tokens``), by its path."""
     if config.mixture is None or any(s.path is None for s in config.mixture.sources):
@@ -217,19 +164,19 @@ def open_token_sources(config: TokenLoaderConfig) -> list[TokenSource]:
     return [open_token_split(s.path, config.split) for s in config.mixture.sources]
 
 
-class TokenLoader:
-    """Batches of packed token rows (``TokenBatch``) over a mixture of token sources, resumable
-    mid-epoch at any world size. ``sources`` (in the mixture's order) default to opening each
-    mixture source's ``path``; other keyword arguments override config fields."""
+class TokenLoader(LoaderBase):
+    """Batches of packed token rows (``contracts.Batch``) over a mixture of token sources,
+    resumable mid-epoch at any world size. ``sources`` (in the mixture's order) default to opening
+    each mixture source's ``path``; other keyword arguments override config fields. Batches are
+    made on the CPU (``device``); the trainer moves them."""
+    served_unit = "tokens"
 
     def __init__(self, sources: Sequence[TokenSource] | None = None,
                  config: TokenLoaderConfig | dict | None = None, *, rank: int = 0, world_size: int = 1,
-                 **overrides: Any):
+                 device: str | torch.device | None = None, **overrides: Any):
         cfg = config if isinstance(config, TokenLoaderConfig) else TokenLoaderConfig.model_validate(config or {})
         if overrides:
             cfg = TokenLoaderConfig.model_validate({**dict(cfg), **overrides})
-        if not 0 <= rank < world_size:
-            raise LoaderError(f"rank {rank} is outside world size {world_size}")
         srcs = list(sources) if sources is not None else open_token_sources(cfg)
         if not srcs:
             raise LoaderError("the token loader needs at least one source")
@@ -240,7 +187,8 @@ class TokenLoader:
             raise LoaderError("mixture sources disagree on the end-of-text token or vocabulary size "
                               f"({[(int(s.eot), int(s.vocab_size)) for s in srcs]}): another tokenizer")
         self.config, self.rank, self.world_size = cfg, rank, world_size
-        self.eot = int(srcs[0].eot)
+        self.device = as_device(device)
+        self.eot, self.vocab_size = int(srcs[0].eot), int(srcs[0].vocab_size)
         self.tokens = [np.asarray(s.tokens) for s in srcs]  # plain ndarray views of the memmaps
         self.offsets = [np.asarray(s.offsets, dtype=np.int64) for s in srcs]
         for k, off in enumerate(self.offsets):
@@ -249,26 +197,23 @@ class TokenLoader:
                 raise LoaderError(f"token source {mix.names[k]!r}: offsets must rise from 0 to its "
                                   f"{len(self.tokens[k])} tokens")
         n_docs = np.array([len(o) - 1 for o in self.offsets], np.int64)
-        # a source's tokens in the stream: its documents' and an end-of-text each (weights in tokens)
-        self.plan = MixturePlan(mix, n_docs.tolist(), [int(o[-1]) + int(n) for o, n in zip(self.offsets, n_docs)])
+        # a source's tokens in the stream: its documents' and an end-of-text each (weights in tokens),
+        # drawn from its subset of documents where it has one (a warm run's new and replayed ones)
+        docs = [None if s.subset is None else np.unique(np.load(s.subset, allow_pickle=False).astype(np.int64))
+                for s in mix.sources]
+        draws = [SeededDraw(int(n) if d is None else len(d), mix.seed, source_key(str(s.name)), d)
+                 for s, n, d in zip(mix.sources, n_docs, docs)]
+        lens = [np.diff(o) if d is None else np.diff(o)[d] for o, d in zip(self.offsets, docs)]
+        self.plan = MixturePlan(mix, tokens=[int(x.sum()) + len(x) for x in lens], draws=draws)
+        self.names = self.plan.names
         self.doc_key_base = np.concatenate([[0], np.cumsum(n_docs)[:-1]]).astype(np.int64)
         self.n_doc_keys = int(n_docs.sum())  # keys run 0 .. n_doc_keys - 1
-        self.epoch = 0
-        self.position = 0  # tokens of this epoch consumed (global)
-        self.lanes: int | None = None  # lanes: rows per global step the epoch began with
-        self.lane_position = 0  # lanes: tokens consumed of each lane
-        self.step = 0  # global steps handed out since the run began
-        self.epoch_step = 0  # of them, in this epoch
-        self.tokens_before = 0  # tokens consumed in earlier epochs
-        self.source_tokens = np.zeros(len(srcs), np.int64)  # input tokens served per source (this rank)
         self.timings = Timings()
         self._stream: EpochStream | None = None
+        self.cursor = TokenCursor(self.stream, rank=rank, world=world_size, batch=cfg.batch_size,
+                                  seq_len=cfg.seq_len, schedule=cfg.seq_len_schedule, row_order=cfg.row_order)
 
     # ------------------------------------------------------------------ geometry
-    @property
-    def names(self) -> list[str]:
-        return self.plan.names
-
     def stream(self, epoch: int | None = None) -> EpochStream:
         """The epoch's document table (built once per epoch)."""
         e = self.epoch if epoch is None else epoch
@@ -277,118 +222,48 @@ class TokenLoader:
         return self._stream
 
     def seq_len_at(self, step: int, tokens: int) -> int:
-        sch = self.config.seq_len_schedule
-        return sch.at(step, tokens) if sch else self.config.seq_len
+        return self.cursor.seq_len_at(step, tokens)
 
-    def _lane_geometry(self, epoch: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """(lane length, each lane's first input, each lane's inputs) of the epoch's lanes."""
-        end, K = self.stream(epoch).end, self.lanes or self.config.batch_size * self.world_size
-        span = -(-end // K)
-        first = np.arange(K, dtype=np.int64) * span
-        return span, first, np.clip(end - first, 0, span)
+    @property
+    def position(self) -> int:
+        """Tokens of this epoch consumed (over all ranks)."""
+        return self.cursor.position
 
-    def _lane_steps(self, epoch: int, lane_pos: int, step: int) -> Iterator[Step]:
-        """The global steps from ``lane_pos`` into every lane to the epoch's end: rank r takes
-        lanes r, r + W, ... (its last rows padding where W does not divide the lanes)."""
-        span, first, lens = self._lane_geometry(epoch)
-        K, W, T = len(first), self.world_size, self.stream(epoch).total
-        mine = np.arange(self.rank, -(-K // W) * W, W)
-        real = mine < K
-        lane = np.where(real, mine, 0)
-        limits = np.minimum(first[lane] + lens[lane] + 1, T)
-        p = lane_pos
-        while p < span:
-            done = int(np.minimum(p, lens).sum())
-            L = self.seq_len_at(step, self.tokens_before + done)
-            starts = np.where(real & (p < lens[lane]), first[lane] + p, -1)
-            yield Step(epoch, done, L, int(np.minimum(p + L, lens).sum()) - done, starts, limits)
-            p += L
-            step += 1
+    @property
+    def step(self) -> int:
+        """Global steps handed out since the run began."""
+        return self.cursor.step
 
-    def _steps(self, epoch: int, position: int, step: int) -> Iterator[Step]:
-        """The global steps from ``position`` to the epoch's end, this rank's rows of each."""
-        if self.config.row_order == "lanes":
-            yield from self._lane_steps(epoch, self.lane_position, step)
-            return
-        end, W, B = self.stream(epoch).end, self.world_size, self.config.batch_size
-        while position < end:
-            L = self.seq_len_at(step, self.tokens_before + position)
-            rest = end - position
-            rows = min(B * W, -(-rest // L))
-            per = -(-rows // W)
-            r = self.rank  # its rows: r, r + W, ... of the step's per·W (those from ``rows`` on: padding)
-            starts = np.arange(position + r * L, position + (r + per * W) * L, W * L, dtype=np.int64)
-            starts[len(range(r, rows, W)):] = -1
-            adv = min(B * W * L, rest)
-            yield Step(epoch, position, L, adv, starts)
-            position += adv
-            step += 1
+    # ------------------------------------------------------------------ reading
+    def _produce(self, epoch: int, start: int) -> Iterator[Batch]:
+        """This rank's batches from the cursor's position to the epoch's end."""
+        stream, cursor = self.stream(), self.cursor
 
-    def _steps_left(self) -> int:
-        """Steps from here to the epoch's end: the curriculum's stepped through one by one, then
-        the fixed length's counted. The cursor is the lanes' offset (each step moves it by L) or
-        the stream position (by G × L); ``trained`` turns it into the epoch's tokens consumed."""
-        if self.config.row_order == "lanes":
-            limit, _, lens = self._lane_geometry(self.epoch)
-            x, per_step = self.lane_position, 1
-            trained = lambda x: int(np.minimum(x, lens).sum())  # noqa: E731
-        else:
-            limit, x = self.stream().end, self.position
-            per_step = self.config.batch_size * self.world_size
-            trained = lambda x: x  # noqa: E731
-        step, n, sch = self.step, 0, self.config.seq_len_schedule
-        while x < limit:
-            t = self.tokens_before + trained(x)
-            L = self.seq_len_at(step, t)
-            if sch is None or sch.done(step, t):
-                return n + -(-(limit - x) // (per_step * L))
-            x += per_step * L
-            step += 1
-            n += 1
-        return n
-
-    # ------------------------------------------------------------------ contract
-    def __len__(self) -> int:
-        """Steps in this epoch (the same on every rank): those taken and those left."""
-        return self.epoch_step + self._steps_left()
-
-    def set_epoch(self, epoch: int) -> None:
-        """Go to ``epoch`` at its first token; the tokens consumed of the one left count as trained.
-        The same epoch, read to its end, starts again: an evaluation re-reads the same rows."""
-        if epoch != self.epoch or self.position >= self.stream().end:
-            self.tokens_before += self.position
-            self.epoch, self.position, self.epoch_step = int(epoch), 0, 0
-            self.lanes, self.lane_position = None, 0
-
-    def __iter__(self) -> Iterator[TokenBatch]:
-        """This rank's batches from the current position to the epoch's end."""
-        if self.position >= self.stream().end:  # finished: the next iteration is the next epoch
-            self.set_epoch(self.epoch + 1)
-        stream, cfg = self.stream(), self.config
-        if self.lanes is None:  # the epoch's lanes are fixed when it begins
-            self.lanes = cfg.batch_size * self.world_size
-
-        def make() -> Iterator[tuple[Step, TokenBatch]]:
-            for st in self._steps(self.epoch, self.position, self.step):
+        def make() -> Iterator[tuple[Step, Batch]]:
+            for st in cursor.steps():
                 yield st, self._batch(stream, st)
-        produced = prefetched(make, cfg.prefetch, False, self.timings)
+        produced = prefetched(make, self.config.prefetch, False, self.timings)
         try:
             for st, batch in produced:
-                self.position += st.advance
-                self.lane_position += st.seq_len
-                self.step += 1
-                self.epoch_step += 1
-                self.source_tokens += batch.source_tokens
+                cursor.advance(st)
                 yield batch
         finally:
             produced.close()
 
-    def _batch(self, stream: EpochStream, st: Step) -> TokenBatch:
+    def _batch(self, stream: EpochStream, st: Step) -> Batch:
         cfg = self.config
+        t0 = time.perf_counter()
         a = pack_rows(stream, st.starts, st.seq_len, self.tokens, self.eot, cfg.ignore_cross_document,
                       cfg.ignore_index, self.doc_key_base if cfg.doc_keys else None, cfg.fields, st.limits)
         t = {k: torch.from_numpy(v) for k, v in a.items() if k != "source_tokens"}
-        return TokenBatch(**t, source_tokens=a["source_tokens"], seq_len=st.seq_len)
+        inputs = {k: t[k] for k in ("input_ids", "segment_ids", "position_ids") if k in t}
+        batch = Batch(inputs, t["targets"], t["sample_ids"], sources=t.get("sources"),
+                      source_counts=torch.from_numpy(a["source_tokens"]), doc_keys=t.get("doc_keys"))
+        self.timings.add("pack", time.perf_counter() - t0)
+        return batch
+
+    def _counts_sources(self) -> bool:
+        return True
 
     # ------------------------------------------------------------------ inspection
     def rows(self, starts: np.ndarray, seq_len: int, epoch: int | None = None) -> dict[str, np.ndarray]:
@@ -410,17 +285,13 @@ class TokenLoader:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Where the run is, global (the same on every rank but ``rank`` and the per-rank
-        ``source_tokens``): resuming yields the very next token, at any world size, batch or
-        sequence length."""
+        ``served``): resuming yields the very next token, at any world size, batch or sequence
+        length."""
         sch = self.config.seq_len_schedule
-        return {"kind": "tokens", "epoch": self.epoch, "position": self.position,
-                "row_order": self.config.row_order, "lanes": self.lanes, "lane_position": self.lane_position,
-                "end": self.stream().end, "step": self.step, "epoch_step": self.epoch_step,
-                "tokens_before": self.tokens_before, "seed": self.config.seed,
+        return {"kind": "tokens", **self.cursor.state_dict(), "seed": self.config.seed,
                 "world_size": self.world_size, "rank": self.rank, "batch_size": self.config.batch_size,
                 "seq_len": self.config.seq_len, "seq_len_schedule": sch.model_dump() if sch else None,
-                "mixture": self.plan.state_dict(self.epoch),
-                "source_tokens": self.source_tokens.tolist()}
+                "mixture": self.plan.state_dict(self.epoch), **self._served_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (written at any world size): the rest of its epoch over the
@@ -430,36 +301,13 @@ class TokenLoader:
         if state.get("seed") != self.config.seed:
             raise LoaderError(f"token loader state has seed={state.get('seed')}, this loader "
                               f"{self.config.seed}: another order")
-        epoch, pos = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or pos < 0:
-            raise LoaderError(f"token loader state has epoch {epoch}, position {pos}: not a position")
-        order = state.get("row_order", "consecutive")
-        if pos > 0 and order != self.config.row_order:
-            raise LoaderError(f"epoch {epoch} began with row_order {order!r} and this loader has "
-                              f"{self.config.row_order!r}: resume at an epoch boundary to change it")
-        self.plan.load_state_dict(state["mixture"], begun=pos > 0)
-        self.epoch, self.position, self._stream = epoch, pos, None
-        self.lanes = int(state["lanes"]) if pos > 0 and state.get("lanes") else None
-        self.lane_position = int(state.get("lane_position", 0)) if pos > 0 else 0
-        self.step, self.epoch_step = int(state["step"]), int(state["epoch_step"])
-        self.tokens_before = int(state["tokens_before"])
-        end = self.stream().end
-        if pos > 0 and int(state["end"]) != end:
-            raise LoaderError(f"epoch {epoch} of the saved state ends at token {state['end']}, "
-                              f"rebuilt here at {end}: the sources are not those it began over")
-        if pos > end:
-            raise LoaderError(f"token loader state is at token {pos} of an epoch of {end}")
-        if state.get("world_size") == self.world_size and state.get("rank") == self.rank \
-                and "source_tokens" in state:
-            self.source_tokens = np.asarray(state["source_tokens"], np.int64)
+        self.plan.load_state_dict(state["mixture"], begun=int(state["position"]) > 0)
+        self._stream = None
+        self.cursor.load_state_dict(state)
+        if state.get("world_size") == self.world_size and state.get("rank") == self.rank:
+            self._restore_served(state, "source_tokens")
 
     @property
     def mixture_changes(self) -> list[dict[str, Any]]:
         """Each change of the mixture's counts: ``{"epoch", "old", "new"}`` (for the run report)."""
         return self.plan.changes
-
-    def served_by_source(self) -> dict[str, Any]:
-        """Input tokens this rank served per source over the run, and the mixture's recorded
-        changes (the trainer sums them over ranks into the run summary)."""
-        return {"unit": "tokens", "served": dict(zip(self.names, self.source_tokens.tolist())),
-                "changes": self.mixture_changes}

@@ -19,6 +19,12 @@ ModelFactory = Callable[..., nn.Module]
 MODELS: PluginRegistry[ModelFactory] = PluginRegistry("models", "model")
 
 
+def model_task(name: str) -> str:
+    """The task the registered model ``name`` is trained for (``stages/train/tasks.TASKS``): what
+    its class declares as ``task``, ``classify`` for a factory that declares none."""
+    return str(getattr(MODELS.get(name), "task", "classify"))
+
+
 def build_model(name: str, in_channels: int, num_classes: int, **kwargs) -> nn.Module:
     """The registered model ``name`` for ``in_channels``-channel images and ``num_classes``."""
     return MODELS.get(name)(in_channels=in_channels, num_classes=num_classes, **kwargs)

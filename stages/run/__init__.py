@@ -1,6 +1,7 @@
-"""A training run as the pipeline drives it, free of Prefect so a user can call it from Python:
-the job assembled from the stage configs (``assemble``), where tonight's weights start
-(``warm``, ``replay``), the ranks launched here, in-process or under torchrun (``launch``,
+"""A training run as the pipeline drives it, free of Prefect so a user can call it from Python,
+for every kind of data (what differs by kind is the kind's: ``stages/kinds``): where tonight's
+weights start (``warm``, ``replay``), the job assembled once from the stage configs
+(``assemble``), the ranks launched here, in-process or under torchrun (``launch``,
 ``rendezvous``), or across nodes (``nodes``), progress watched (``training.run_training``: the
 one call a flow makes), and the candidate graded and promoted (``grading``, ``promote``). What a
 rank runs is ``sluice.stages.train.rank``; this package never runs inside a rank.

@@ -35,6 +35,7 @@ import torch
 from pydantic import ValidationError
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError, SluiceError, TrainError
+from sluice.stages.load.augment import Normalize
 from sluice.stages.load.specs import DataSpec
 from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.select.spec import SelectionSpec
@@ -94,18 +95,24 @@ def _loopback_env(nnodes: int, endpoint: str) -> dict[str, str]:
 def make_job(config: TrainConfig | dict[str, Any], data: DataSpec | dict[str, Any],
              eval_data: DataSpec | dict[str, Any] | None = None,
              selection: SelectionSpec | dict[str, Any] | None = None) -> TrainJob:
-    """A validated ``TrainJob`` from its parts (typed or dicts of the same shape); a bad field, or
-    a name no registry knows, is a ConfigError naming it."""
+    """A validated, complete ``TrainJob`` from its parts (typed or dicts of the same shape); a bad
+    field, or a name no registry knows, is a ConfigError naming it."""
     return as_job({"config": config, "data": data, "eval_data": eval_data, "selection": selection})
 
 
 def as_job(job: TrainJob | dict[str, Any]) -> TrainJob:
-    if isinstance(job, TrainJob):
-        return job
-    try:
-        return TrainJob.model_validate(job)
-    except ValidationError as e:
-        raise ConfigError(f"invalid training job: {e}") from None
+    """``job`` validated and complete: what a data spec leaves to the job (an arrays spec's batch
+    size, seed and normalisation) filled in from its train config, once, before anything runs."""
+    if not isinstance(job, TrainJob):
+        try:
+            job = TrainJob.model_validate(job)
+        except ValidationError as e:
+            raise ConfigError(f"invalid training job: {e}") from None
+    c = job.config
+    norm = Normalize(mean=c.normalize_mean, std=c.normalize_std)
+    return job.model_copy(update={
+        "data": job.data.completed(c.batch_size, c.seed, norm, train=True),
+        "eval_data": job.eval_data.completed(c.batch_size, c.seed, norm, train=False) if job.eval_data else None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +150,7 @@ def launch(job: TrainJob | dict[str, Any], nproc: int = 2, *, out_dir: str | os.
         raise ConfigError(f"the rendezvous endpoint must be 'host:port' (node 0's address), got {meet.endpoint!r}")
     if meet.node_rank > 0:  # node 0 hosts the store; the others must reach it in bounded time
         wait_reachable(host, int(port), meet.timeout_s)
-    out, job_path = prepare_run(job, out_dir)
+    out, job_path, _ = prepare_run(job, out_dir)
     run_id = f"sluice-{uuid.uuid4().hex[:8]}" if meet.nnodes == 1 else f"sluice-{port}"
     cmd = torchrun_command(job_path, nproc, meet.endpoint, meet.nnodes, max_restarts, run_id, meet.timeout_s)
     rc, tail = _run(cmd, out / "torchrun.log", timeout_s,
@@ -159,8 +166,7 @@ def run_in_process(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | 
     torchrun's path does); any other exception is a crash, retried from the last checkpoint up to
     ``max_restarts`` times. ``timeout_s`` is checked between batches: past it the run stops with
     ``LaunchError``, its checkpoints kept."""
-    out, job_path = prepare_run(job, out_dir)
-    job = as_job(json.loads(job_path.read_text()))  # with its checkpoint and metrics paths filled in
+    out, _, job = prepare_run(job, out_dir)  # with its checkpoint and metrics paths filled in
     emit = on_line or (lambda s: print(s, end="", flush=True))
     deadline = time.monotonic() + timeout_s if timeout_s else None
     wrap = (lambda loader: TimeLimited(loader, deadline, timeout_s)) if deadline else None
@@ -208,10 +214,11 @@ class TimeLimited:
         return getattr(self.loader, name)
 
 
-def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None) -> tuple[Path, Path]:
+def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None) -> tuple[Path, Path, TrainJob]:
     """Validate ``job``, point its checkpoints and metrics into ``out_dir`` (default: a new
     temp directory) unless set, clear the last attempt's result and error, and write
-    ``job.json``; returns (out_dir, job.json)."""
+    ``job.json`` (what torchrun's workers read, and the run's record); returns (out_dir,
+    job.json, the job as written)."""
     job = as_job(job)
     cfg = job.config
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="sluice-train-"))
@@ -227,7 +234,7 @@ def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | Non
             (out / stale).unlink()
     job_path = out / JOB
     write_json(job_path, job.model_dump(mode="json"))
-    return out, job_path
+    return out, job_path, job
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float | None, env: dict[str, str] | None,

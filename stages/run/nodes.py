@@ -136,7 +136,7 @@ def launch_nodes(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str
         raise ConfigError(f"nproc must be >= 1, got {nproc}")
     if any(n.netns for n in cfg.nodes) and os.geteuid() != 0:
         raise ConfigError("nodes with netns (a simulated cluster) need root to enter namespaces")
-    out, job_path = prepare_run(job, out_dir)
+    out, job_path, _ = prepare_run(job, out_dir)
     run_id = f"sluice-{uuid.uuid4().hex[:8]}"
     emit = on_line or (lambda s: print(s, end="", flush=True))
     runs = [_NodeRun(i, n, node_command(n, node_torchrun(job_path, cfg, i, nproc, run_id)),

@@ -1,7 +1,7 @@
-"""The training stage as the pipeline runs it: choose where tonight's weights start, launch
-torchrun here or across ``launch.nodes``, and log progress from rank 0's metrics while it runs.
-The flow's task is one call to ``run_training``; a retry of that task resumes from the run's
-last checkpoint (the run directory is the same)."""
+"""The training stage as the pipeline runs it: launch the assembled job here (one rank
+in-process, several under torchrun) or across ``launch.nodes``, and log progress from rank 0's
+metrics while it runs. The flow's task is one call to ``run_training``; a retry of that task
+resumes from the run's last checkpoint (the run directory is the same)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 from sluice.stages.train.job import TrainJob
 from sluice.stages.run.launch import launch
 from sluice.stages.run.nodes import LaunchConfig, launch_nodes
-from sluice.stages.run.warm import WarmStartConfig, starting_point
+from sluice.stages.run.warm import Start
 
 Log = Callable[[str], None]
 
@@ -42,7 +42,8 @@ def watch_progress(metrics: Path, log: Log, every_s: float = 15.0) -> Iterator[N
                 m = steps[-1]
                 log(f"training: step {m['step']} epoch {m['epoch']} loss {m['loss']:.4f} "
                     f"{m['samples_per_s']:.0f} samples/s, data wait {100 * m['data_wait_frac']:.0f}%"
-                    + (f", eval acc {evals[-1]['acc']:.4f}" if evals else ""))
+                    + (f", eval acc {evals[-1]['acc']:.4f}" if evals else "")
+                    + (f" loss {evals[-1]['loss']:.4f}" if evals and "loss" in evals[-1] else ""))
     th = threading.Thread(target=watch, daemon=True)
     th.start()
     try:
@@ -52,16 +53,14 @@ def watch_progress(metrics: Path, log: Log, every_s: float = 15.0) -> Iterator[N
         th.join()
 
 
-def run_training(job: TrainJob, warm: WarmStartConfig, registry_dir: str | os.PathLike, il_path: str | None,
-                 run_dir: str | os.PathLike, launch_config: LaunchConfig, nproc: int, timeout_s: float,
-                 log: Log) -> dict[str, Any]:
-    """Train ``job`` (warm from the champion where ``warm`` allows) on ``nproc`` ranks here or on
+def run_training(job: TrainJob, start: Start, run_dir: str | os.PathLike, launch_config: LaunchConfig,
+                 nproc: int, timeout_s: float, log: Log) -> dict[str, Any]:
+    """Train ``job`` (assembled from where its weights ``start``) on ``nproc`` ranks here or on
     each of ``launch_config.nodes``; what the promotion step and the report read back."""
     t0 = time.perf_counter()
-    job, start = starting_point(warm, registry_dir, job, il_path, run_dir)
-    log(f"weights: {start['init']} ({start['why']})")
-    if start.get("selector_why"):
-        log(f"selection: {start['selector_why']}")
+    log(f"weights: {'champion' if start.plan else 'scratch'} ({start.why})")
+    if start.plan is not None and start.plan.selector_why:
+        log(f"selection: {start.plan.selector_why}")
     on_line = lambda line: log(line.rstrip()) if line.strip() else None  # noqa: E731
     metrics = Path(run_dir) / "metrics.jsonl"
     with watch_progress(metrics, log):
@@ -73,4 +72,4 @@ def run_training(job: TrainJob, warm: WarmStartConfig, registry_dir: str | os.Pa
                             max_restarts=launch_config.max_restarts, on_line=on_line)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0, "summary": result.summary, "evals": result.evals,
-            "metrics_path": str(metrics), "warm": start}
+            "metrics_path": str(metrics), "warm": start.summary()}

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from sluice.errors import ScoresError, SelectionError
-from sluice.stages.select import (importance, infobatch, selective_backprop, topk,  # noqa: F401
-                                  uniform)  # each registers itself
+from sluice.stages.select import (importance, infobatch, infobatch_tokens, selective_backprop,  # noqa: F401
+                                  topk, uniform)  # each registers itself (infobatch_tokens: infobatch's row form)
 from sluice.stages.select.base import (SELECTION_METHODS, BaseSelector, MethodParams, ScoringParams,
                                        SelectorContext, as_table, candidate_losses, select_top)
 from sluice.stages.select.config import ILModelConfig, SelectionConfig, candidate_size_for

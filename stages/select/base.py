@@ -14,7 +14,7 @@ Sluice: the same decorator in your module, or an entry point in group
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 
 from sluice.errors import SelectionError
 from sluice.plugins import EntryParams, PluginRegistry
-from sluice.stages.contracts import SelectedBatch, SelectionStats
+from sluice.stages.contracts import SelectedBatch, SelectionStats, SelectorHooks
 
 if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
     from sluice.stages.select.config import SelectionConfig
@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # the config module imports this registry; no runtime cycle
 
 SELECTION_METHODS: PluginRegistry[type["BaseSelector"]] = PluginRegistry(
     "selection_methods", "selection method")
+# A method's form for packed token rows, by method name (``infobatch``: ``infobatch_tokens``),
+# registered beside the form's code; a method without one refuses token rows, saying why.
+ROW_FORMS: dict[str, Callable[["BaseSelector"], "BaseSelector"]] = {}
 
 
 class MethodParams(EntryParams):
@@ -74,7 +77,7 @@ class SelectorContext:
     carried: dict[str, torch.Tensor] | None = None
 
 
-class BaseSelector:
+class BaseSelector(SelectorHooks):
     """Shared state and helpers: n_b, the IL scores and noise mask, RNG, statistics."""
     picks_subset: ClassVar[bool] = True   # trains n_b of the n_B candidates (ratio applies)
     needs_il: ClassVar[bool] = False      # refuses to build without irreducible-loss scores
@@ -115,10 +118,13 @@ class BaseSelector:
     def for_token_rows(self) -> "BaseSelector":
         """This method's selector for packed token rows (the language-model task asks before
         training: its indices are each token's document, ``doc_keys`` (B, L), and it observes
-        per-token losses). A method that cannot select rows says why (``token_rows_refusal``);
-        infobatch's row form is made by ``select.infobatch_tokens.token_row_selector``."""
-        raise SelectionError(token_rows_refusal(self.config.method)
-                             or f"{self.config.method}: select.infobatch_tokens.token_row_selector makes its row form")
+        per-token losses): its registered row form (``ROW_FORMS``), or a refusal saying why
+        (``token_rows_refusal``)."""
+        form = ROW_FORMS.get(self.config.method) if self.token_rows else None
+        if form is None:
+            raise SelectionError(token_rows_refusal(self.config.method)
+                                 or f"{self.config.method} registers no form for token rows (ROW_FORMS)")
+        return form(self)
 
     def _n(self, n_candidates: int) -> int:
         n = self.config.n_select_for(n_candidates)

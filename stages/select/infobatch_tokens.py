@@ -26,29 +26,27 @@ selector's state (or the warm run's carried per-sample table) is never taken for
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from sluice.errors import SelectionError
 from sluice.stages.contracts import SelectedBatch, SelectionStats
-from sluice.stages.select.base import BaseSelector, SelectorContext
+from sluice.stages.select.base import ROW_FORMS, BaseSelector, SelectorContext
 from sluice.stages.select.collectives import all_gather_1d
 from sluice.stages.select.infobatch import InfoBatchSelector
 
 
-def token_row_selector(selector: Any) -> Any:
-    """``selector``'s form for packed token rows: infobatch's keyed by document (its config and
-    table size, the token loader's ``n_doc_keys``; refused once its table holds per-sample losses,
-    carried from an image champion or observed); a method's own ``for_token_rows`` (a method that
-    cannot select rows refuses, saying why); a selector of your own without one, as it is."""
-    if isinstance(selector, InfoBatchSelector) and not isinstance(selector, InfoBatchRows):
-        if selector._pending or bool(selector.seen.any()):
-            raise SelectionError("this infobatch table already holds per-sample losses (carried from a "
-                                 "champion, or observed on images): it cannot key the documents of token rows")
-        return InfoBatchRows(selector.config, SelectorContext(split_size=selector.n, device=selector.device))
-    rows = getattr(selector, "for_token_rows", None)
-    return rows() if rows is not None else selector
+def token_row_selector(selector: InfoBatchSelector) -> "InfoBatchRows":
+    """An infobatch selector's form for packed token rows, keyed by document (its config and
+    table size, the token loader's ``n_doc_keys``); refused once its table holds per-sample
+    losses, carried from an image champion or observed. Registered as infobatch's row form
+    (``base.ROW_FORMS``): ``selector.for_token_rows()`` makes it."""
+    if isinstance(selector, InfoBatchRows):
+        return selector
+    if selector._pending or bool(selector.seen.any()):
+        raise SelectionError("this infobatch table already holds per-sample losses (carried from a "
+                             "champion, or observed on images): it cannot key the documents of token rows")
+    return InfoBatchRows(selector.config, SelectorContext(split_size=selector.n, device=selector.device))
 
 
 class InfoBatchRows(InfoBatchSelector):
@@ -230,3 +228,6 @@ class InfoBatchRows(InfoBatchSelector):
         self._refresh()
         self._mask_gen, self._masks = None, []
         self._mask_state = (state.get("mask_generator"), state.get("mask_generator_device"))
+
+
+ROW_FORMS["infobatch"] = token_row_selector

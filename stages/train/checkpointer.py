@@ -106,7 +106,7 @@ class Checkpointer:
             mine = rank_part(s["ranks"], d.rank, s["step"], cfg.seed, p.hook)
         p.hook.load_state_dict(mine["comm"], d.device)
         self.loader.load_state_dict(mine["loader"])
-        if mine.get("selector") is not None and hasattr(self.selector, "load_state_dict"):
+        if mine.get("selector") is not None and self.selector is not None:
             self.selector.load_state_dict(mine["selector"])
         set_rng_state(mine["rng"], d.device)
         state.restore(s)
@@ -123,7 +123,7 @@ class Checkpointer:
         # per rank: RNG, loader position and comm-hook state (error feedback differs per rank)
         mine = {"rng": rng_state(d.device), "loader": self.loader.state_dict(),
                 "comm": p.hook.state_dict()}
-        if hasattr(self.selector, "state_dict"):  # loss tables, RNG: a resume selects on as before
+        if self.selector is not None:  # loss tables, RNG: a resume selects on as before
             mine["selector"] = self.selector.state_dict()
         ranks: list[Any] = [mine]
         if d.on:

@@ -22,7 +22,9 @@ several). What the resumed run sees:
   rank: the residuals are averaged and every new rank starts from the average, so the group
   still applies exactly the correction it owed (its warm-start factors are shared already).
   ``checkpointer.rank_part`` deals these per-rank parts; this module holds the arithmetic
-  (``Resize``) and the per-rank sizes (``batch_scale_for``, ``rescale_job``).
+  (``Resize``) and the scale of the per-rank sizes (``batch_scale_for``), which the data and
+  selection specs apply where they build (``stages/per_rank.py``): the job itself stays as it
+  was assembled.
 * Batch statistics (BatchNorm) see per-rank batches of the new size; a resumed run is therefore
   sample-exact but not bit-identical to an uninterrupted one.
 """
@@ -37,7 +39,6 @@ import torch
 
 from sluice.errors import TrainError
 from sluice.stages.train.config import TrainConfig
-from sluice.stages.train.job import TrainJob
 from sluice.storage.checkpoint import checkpoint_path
 
 
@@ -69,44 +70,6 @@ def batch_scale_for(cfg: TrainConfig, world: int) -> Fraction:
     if cfg.resize == "keep_global_batch":
         return g["batch_scale"] * g["world"] / world
     return g["batch_scale"]
-
-
-def scaled(size: int, scale: Fraction, what: str, world: int) -> int:
-    v = size * scale
-    if v.denominator != 1 or v < 1:
-        raise TrainError(f"resuming on {world} ranks with train.resize=keep_global_batch needs {what} "
-                         f"of {float(v):g} per rank ({size} x {scale}), not a whole number: use a "
-                         "world size that divides the global batch, or train.resize=scale_global_batch")
-    return int(v)
-
-
-def rescale_job(job: TrainJob, scale: Fraction, world: int) -> TrainJob:
-    """``job`` with its per-rank training sizes (loader batch, candidates, selected) × ``scale``."""
-    if scale == 1:
-        return job
-    data = job.data
-    if data.kind in ("artifact", "tokens"):
-        loader = data.loader.model_copy(update={"batch_size": scaled(data.loader.batch_size, scale,
-                                                                     "a loader batch", world)})
-        data = data.model_copy(update={"loader": loader})
-    else:
-        data = data.model_copy(update={"batch_size": scaled(data.batch_size or job.config.batch_size,
-                                                            scale, "a batch", world)})
-    sel = job.selection
-    if sel is not None:
-        cfg = sel.config
-        if cfg.n_select is not None:
-            cfg = cfg.model_copy(update={"n_select": scaled(cfg.n_select, scale, "selected samples", world)})
-        sel = sel.model_copy(update={"config": cfg, "candidate_size": scaled(
-            sel.candidate_size, scale, "candidates", world)})
-    return job.model_copy(update={"data": data, "selection": sel})
-
-
-def job_for_world(job: TrainJob, world: int) -> tuple[TrainJob, Fraction]:
-    """``job`` as ``world`` ranks resume it (its checkpoint may be another world size's), and the
-    batch scale to pass to ``train``: what the worker builds its loaders and selector from."""
-    scale = batch_scale_for(job.config, world)
-    return rescale_job(job, scale, world), scale
 
 
 @dataclasses.dataclass

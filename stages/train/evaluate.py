@@ -19,12 +19,12 @@ from sluice.stages.load import AugmentSpec, Loader, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize
 from sluice.stages.load.backends.base import with_index
 from sluice.stages.load.samplers import SequentialSampler, SubsetSampler
-from sluice.stages.models import build_model
+from sluice.stages.models import build_model, model_task
 from sluice.stages.pixels import channels_last
 from sluice.stages.train.dist import DistContext
 from sluice.stages.train.initial_weights import trained_weights
 from sluice.stages.load.mixture import MixtureConfig
-from sluice.stages.load.tokens import TokenLoader, TokenLoaderConfig
+from sluice.stages.load.tokens import TokenLoader, TokenLoaderConfig, TokenSource
 from sluice.stages.train.tasks import Task, TokenTask
 from sluice.storage.checkpoint import load_checkpoint
 
@@ -48,11 +48,12 @@ def evaluate(model: torch.nn.Module, loader: ResumableLoader, task: Task, amp: s
     tot = d.tensor([0.0, 0.0, 0.0])
     by_source = None  # [summed loss, count(, correct)] per mixture source
     loader.set_epoch(0)
+    n_sources = len(loader.names)
     with autocast(amp, d.device):
         for batch in loader:
             x, y, _ = task.prep(batch)
             out = predict(model, x, tta)
-            sums, part = task.eval_batch(out, y, batch)
+            sums, part = task.eval_batch(out, y, batch, n_sources)
             tot += sums
             if part is not None:
                 by_source = part if by_source is None else by_source + part
@@ -64,7 +65,7 @@ def evaluate(model: torch.nn.Module, loader: ResumableLoader, task: Task, amp: s
     n = max(tot[2].item(), 1.0)
     out = {"acc": tot[0].item() / n, "loss": tot[1].item() / n, "n": int(tot[2].item())}
     if by_source is not None:
-        names = list(getattr(loader, "names", [])) or [f"source{i}" for i in range(by_source.shape[1])]
+        names = loader.names
         rows = by_source.tolist()  # summed loss, count[, correct] per source
         out["loss_by_source"] = {name: s / c for name, s, c in zip(names, rows[0], rows[1]) if c}
         if len(rows) > 2:
@@ -160,28 +161,27 @@ def per_sample_losses(checkpoint: str | os.PathLike, artifact: str | os.PathLike
 
 
 @torch.no_grad()
-def token_checkpoint_pass(checkpoint: str | os.PathLike, sources: Sequence[tuple[str, str | os.PathLike]],
-                          split: str = "val", *, seq_len: int, batch_size: int = 16,
-                          device: str | torch.device = "auto") -> dict[str, Any]:
-    """A language model's loss per token (and next-token accuracy) over every document of
-    ``split`` of each ``(name, token artifact)`` once, overall and per source, in fp32 on
-    ``device``: what promotion by validation loss compares. The rows are a pure function of the
-    sources, ``seq_len`` and ``batch_size`` (the mixture ``repeat: 1`` in a fixed order), so two
-    checkpoints graded with the same arguments are graded on the very same rows."""
+def token_checkpoint_pass(checkpoint: str | os.PathLike, sources: Sequence[tuple[str, TokenSource]], *,
+                          seq_len: int, batch_size: int = 16, device: str | torch.device = "auto") -> dict[str, Any]:
+    """A language model's loss per token (and next-token accuracy) over every document of each
+    ``(name, token source)`` once (a token split, or its documents re-tokenised), overall and per
+    source, in fp32 on ``device``. The rows are a pure function of the sources, ``seq_len`` and
+    ``batch_size`` (the mixture ``repeat: 1`` in a fixed order), so two checkpoints graded with
+    the same arguments are graded on the very same rows."""
     dev = scoring_device(device)
-    model, _ = model_from_checkpoint(checkpoint, device=dev)
-    if getattr(model, "task", "classify") != "language_model":
+    model, cfg = model_from_checkpoint(checkpoint, device=dev)
+    if model_task(cfg.get("model", "small_cnn")) != "language_model":
         raise TypeError(f"{checkpoint} holds a {type(model).__name__}, not a language model")
-    mix = MixtureConfig(sources=[{"path": str(root), "name": name, "repeat": 1.0} for name, root in sources])
-    loader = TokenLoader(config=TokenLoaderConfig(split=split, seq_len=seq_len, batch_size=batch_size,
-                                                  mixture=mix, prefetch=0))
+    mix = MixtureConfig(sources=[{"name": name, "repeat": 1.0} for name, _ in sources])
+    loader = TokenLoader([src for _, src in sources], TokenLoaderConfig(seq_len=seq_len, batch_size=batch_size,
+                                                                        mixture=mix, prefetch=0))
     task = TokenTask(None, dev)  # it reads only the device
     tot = torch.zeros(3, dtype=torch.float64, device=dev)
     by_source = torch.zeros(2, len(sources), dtype=torch.float64, device=dev)
     for batch in loader:
         x, y, _ = task.prep(batch)
         out = model(x).float()
-        sums, part = task.eval_batch(out, y, batch)
+        sums, part = task.eval_batch(out, y, batch, len(sources))
         tot += sums.to(torch.float64)
         by_source += part
     n = max(tot[2].item(), 1.0)

@@ -179,28 +179,28 @@ class MetricsLogger:
                 f.close()
 
 
-def corrupt_skipped(loader: ResumableLoader, d: DistContext) -> int:
-    """Damaged samples the loader dropped (``loader.on_corrupt: skip``), summed over ranks (collective)."""
-    n = d.tensor([float(loader.profile().get("corrupt_skipped", 0))])
+def summed(d: DistContext, values: list[float]) -> list[float]:
+    """``values`` summed over ranks (collective)."""
+    n = d.tensor([float(v) for v in values])
     if d.on:
         dist.all_reduce(n)
-    return int(n.item())
+    return n.tolist()
 
 
-def served_by_source(loader: ResumableLoader, d: DistContext) -> dict[str, Any] | None:
-    """What a mixture loader served each source over the run, summed over ranks (collective), with
-    the mixture changes it recorded: None for a loader without sources (``served_by_source()``
-    returning ``{"unit", "served": {name: count on this rank}, "changes"}``)."""
-    fn = getattr(loader, "served_by_source", None)
-    if not callable(fn):
-        return None
-    mine = fn()
-    names = list(mine["served"])
-    n = d.tensor([float(mine["served"][k]) for k in names])
-    if d.on:
-        dist.all_reduce(n)
-    return {"unit": mine["unit"], "served": {k: int(v) for k, v in zip(names, n.tolist())},
-            "changes": list(mine.get("changes", []))}
+def loader_summary(loader: ResumableLoader, d: DistContext) -> dict[str, Any]:
+    """What the summary says of the loader (``loader.report()``): its backend, choice and verdict,
+    the damaged samples every rank skipped, and what every rank served each source with the
+    mixture's recorded changes (collective: the counts are summed over ranks)."""
+    r = loader.report()
+    names = list(r.served) if r.served is not None else []
+    counts = summed(d, [r.corrupt_skipped, *(r.served[k] for k in names)]) if r.served is not None else \
+        summed(d, [r.corrupt_skipped])
+    out: dict[str, Any] = {"loader": {"backend": r.backend, "choice": r.choice, "verdict": r.verdict,
+                                      "summary": r.summary, "corrupt_skipped": int(counts[0])}}
+    if r.served is not None:
+        out["served_by_source"] = {"unit": r.served_unit, "served": {k: int(v) for k, v in zip(names, counts[1:])},
+                                   "changes": list(r.changes)}
+    return out
 
 
 def run_line(parts: Components, loader: ResumableLoader) -> str:
@@ -209,10 +209,8 @@ def run_line(parts: Components, loader: ResumableLoader) -> str:
     cfg, d = parts.cfg, parts.d
     if d.device.type != "cuda":
         return describe(host_class(d.device), cfg.amp, d.world, torch.get_num_threads(), cfg.batch_size)
-    where = getattr(loader, "device", None)
     return describe("cuda", cfg.amp, d.world, torch.get_num_threads(), cfg.batch_size,
-                    gpus=f"{d.world} × {gpu_name(d.device.index or 0)}",
-                    loader_device=str(where) if where is not None else "cpu (the trainer copies)")
+                    gpus=f"{d.world} × {gpu_name(d.device.index or 0)}", loader_device=str(loader.device))
 
 
 def summarize(parts: Components, state: RunState, records: list[dict[str, Any]],
@@ -240,16 +238,8 @@ def summarize(parts: Components, state: RunState, records: list[dict[str, Any]],
     if cand:  # rank 0's share of its candidates trained, and its scoring cost
         summary["selection_trained_fraction"] = sum(m["select/n_selected"] for m in ms) / cand
         summary["selection_seconds_per_step"] = sum(m["select_s"] for m in ms) / n
-    bottleneck = getattr(loader, "bottleneck", None)  # sluice's Loader profiles itself
-    if callable(bottleneck):
-        summary["loader"] = {"backend": getattr(loader, "backend_name", None),
-                             "choice": getattr(loader, "backend_reason", None),
-                             **{k: v for k, v in bottleneck().items() if k in ("verdict", "summary")},
-                             "corrupt_skipped": corrupt_skipped(loader, d)}  # every rank's, summed
-    by_source = served_by_source(loader, d)
-    if by_source is not None:
-        summary["served_by_source"] = by_source
-    start = getattr(parts.hook, "compresses_from", None)
+    summary.update(loader_summary(loader, d))
+    start = parts.hook.compresses_from
     if start is not None:  # a hook that starts compressing later: its compressed phase only
         late = [m["bytes_comm"] for m in ms if m["step"] >= start]
         if late:

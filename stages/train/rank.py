@@ -43,7 +43,7 @@ from sluice.stages.train.checkpointer import Checkpointer, finite_weights
 from sluice.stages.train.components import Components
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import dist_context, init_process_group, place_rank
-from sluice.stages.train.elastic import job_for_world
+from sluice.stages.train.elastic import batch_scale_for
 from sluice.stages.train.evaluate import evaluate
 from sluice.stages.train.faults import device_failure_line, is_device_failure, out_of_memory
 from sluice.stages.train.job import TrainJob
@@ -91,20 +91,15 @@ def run_rank(job: TrainJob, out: Path, *, rank: int = 0, local_rank: int = 0, lo
     world = dist.get_world_size() if dist.is_initialized() else 1
     (out / "pids").mkdir(parents=True, exist_ok=True)
     (out / "pids" / f"rank{rank}.pid").write_text(str(os.getpid()))
-    # a checkpoint of another world size: per-rank sizes so the global batch is kept
-    train_job, scale = job_for_world(job, world)
-    kw = dict(rank=rank, world_size=world, batch_size=cfg.batch_size, seed=cfg.seed, device=device)
-    data = train_job.data
-    if train_job.selection is not None and data.kind == "tokens":  # selection keys token rows by document
-        data = data.model_copy(update={"loader": data.loader.model_copy(update={"doc_keys": True})})
+    # a checkpoint of another world size: per-rank sizes scaled so the global batch is kept
+    scale = batch_scale_for(cfg, world)
     try:
-        loader = data.build(train=True, **kw)
-        ev = job.eval_data.build(train=False, **kw) if job.eval_data else None
-        selector = train_job.selection.build() if train_job.selection else None
+        loader = job.data.build(rank=rank, world_size=world, device=device, batch_scale=scale)
+        ev = job.eval_data.build(rank=rank, world_size=world, device=device) if job.eval_data else None
+        selector = job.selection.build(scale) if job.selection else None
         return train(cfg, wrap_loader(loader) if wrap_loader else loader, ev, selector, batch_scale=scale)
     except torch.OutOfMemoryError as e:  # a restart would only repeat it: say what to set instead
-        raise out_of_memory(e, cfg, rank, device, getattr(getattr(train_job.data, "loader", None),
-                                                           "batch_size", None)) from None
+        raise out_of_memory(e, cfg, rank, device, job.data.batch_size) from None
     except Exception as e:
         if is_device_failure(e):  # a crash (restartable), with the rank, host and device named
             print(device_failure_line(e, rank, device), file=sys.stderr, flush=True)
@@ -123,8 +118,9 @@ def train(config: TrainConfig | dict[str, Any], loader: ResumableLoader,
     """
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.model_validate(config)
     if not isinstance(loader, ResumableLoader):
-        raise TrainError("loader must be iterable with __len__, set_epoch, state_dict and "
-                         f"load_state_dict; got {type(loader).__name__}")
+        raise TrainError("the loader must be a sluice.stages.contracts.ResumableLoader (iteration, len, epoch, "
+                         "set_epoch, state_dict, load_state_dict, names, device, report): subclass "
+                         f"sluice.stages.load.LoaderBase; got {type(loader).__name__}")
     d = dist_context(cfg)
     if cfg.amp == "auto":  # decided once, by the device this run got
         cfg = cfg.model_copy(update={"amp": resolve_amp(cfg.amp, d.device)})
@@ -133,7 +129,11 @@ def train(config: TrainConfig | dict[str, Any], loader: ResumableLoader,
     if len(loader) < 1:
         raise TrainError("the train loader yields no batches")
     parts = Components.build(cfg, d)
-    selector = parts.task.selector_for(selector, loader)  # token rows: infobatch by document, or refused
+    if selector is not None:
+        if not isinstance(selector, Selector):
+            raise TrainError(f"selector {type(selector).__name__} lacks the Selector hooks: subclass "
+                             "sluice.stages.contracts.SelectorHooks")
+        selector = parts.task.selector_for(selector)  # token rows: infobatch by document, or refused
     state = RunState.start(cfg, len(loader), d.world)
     checkpointer = Checkpointer(parts, loader, selector, Fraction(batch_scale))
     checkpointer.load(state)

@@ -110,8 +110,10 @@ class RunState:
 
 
 def endless_batches(loader: ResumableLoader, state: RunState) -> Iterator[Any]:
-    """Batches across epochs, starting where the loader's state says; counts ``state.epoch``."""
+    """Batches across epochs, starting where the loader's state says (a resumed epoch continues,
+    a finished one moves on); ``state.epoch`` is the epoch each batch comes from."""
     while True:
-        yield from loader
-        state.epoch += 1
-        loader.set_epoch(state.epoch)
+        for batch in loader:
+            state.epoch = loader.epoch
+            yield batch
+        loader.set_epoch(loader.epoch + 1)

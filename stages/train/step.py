@@ -101,16 +101,12 @@ def micro_batch(parts: Components, state: RunState, batches: Iterator[Any], sele
     w = None
     if selector is not None:
         ts = time.perf_counter()
-        set_progress = getattr(selector, "set_progress", None)  # InfoBatch's annealing
-        if set_progress is not None:
-            set_progress(state.progress())
-        set_epoch = getattr(selector, "set_epoch", None)  # InfoBatch's threshold per epoch
-        if set_epoch is not None:
-            set_epoch(state.epoch)
+        selector.set_progress(state.progress())  # InfoBatch's annealing
+        selector.set_epoch(state.epoch)  # InfoBatch's threshold per epoch
         with autocast(cfg.amp, d.device):  # the scoring pass gets AMP's speed too
             sb = selector(parts.model, x, y, idx)
         sums.select_s += time.perf_counter() - ts
-        x, y, w = sb.images, sb.labels, sb.weights
+        x, y, w = sb.inputs, sb.targets, sb.weights
         for k, v in raw_stats(sb.stats).items():  # averaged on the device, read with the record
             v = v.detach().to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
             sums.sel_stats[k] = sums.sel_stats.get(k, 0.0) + v / cfg.accum_steps
@@ -122,7 +118,7 @@ def micro_batch(parts: Components, state: RunState, batches: Iterator[Any], sele
         loss = (per * w).mean() if w is not None else per.mean()
         loss = loss if len(per) else per.sum()  # an empty batch (loader.on_corrupt=skip): 0, not NaN
         parts.scaler.scale(loss / cfg.accum_steps).backward()
-    if getattr(selector, "observe", None) is not None:
+    if selector is not None:  # what observe() learns from, after the step
         sums.trained.append((sb.indices, observed.detach()))
     lv = loss.detach().to(torch.float64)
     finite = torch.isfinite(lv)

@@ -1,13 +1,18 @@
-"""What a rank trains a model for, and so how a batch becomes inputs, a loss per sample and an
-evaluation: ``classify`` (images → class logits: one loss per image, accuracy) or
+"""What a rank trains a model for, and so how a batch becomes the model's input, a loss per
+sample and an evaluation: ``classify`` (images → class logits: one loss per image, accuracy) or
 ``language_model`` (packed token rows → next-token logits: one loss per row, the mean over its
-tokens; evaluation in tokens). The model says which (a ``task`` attribute on its class; images by
-default), so the loop, the step and evaluation stay the same for both.
+tokens; evaluation in tokens). A task is an entry of the ``TASKS`` registry; the model says
+which it is trained for (``models.model_task``: a ``task`` on its class, ``classify`` by
+default), and a kind of data names the task its batches are for, so the loop, the step and
+evaluation stay the same for every kind.
 
-Selection follows the task too (``selector_for``, ``losses``): an image selector keys samples by
-split index and observes per-image losses; on token rows the indices are each token's document
-(``doc_keys``, stable across epochs where a row is not) and a selector observes per-token losses,
-so only a method keying its table by document (``infobatch``) can select them."""
+Every batch is a ``contracts.Batch``, read by its fields: ``inputs`` (already model-ready: the
+loader normalises), ``targets``, ``indices``, and the declared optional ``sources`` (per-source
+metrics) and ``doc_keys`` (selection by document). Selection follows the task too
+(``selector_for``, ``losses``): an image selector keys samples by index and observes per-image
+losses; on token rows the keys are each token's document (stable across epochs where a row is
+not) and a selector observes per-token losses, so only a method with a form for token rows
+(``infobatch``, by document) can select them."""
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -15,12 +20,12 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from sluice.errors import SelectionError, TrainError
-from sluice.stages.contracts import TokenInputs
+from sluice.errors import TrainError
+from sluice.plugins import PluginRegistry
+from sluice.stages.contracts import Batch, Selector, TokenInputs
 from sluice.stages.load.tokens import source_losses
-from sluice.stages.select.infobatch_tokens import token_row_selector
-from sluice.stages.models import MODELS
-from sluice.stages.pixels import channel_values, channels_last, normalize_uint8
+from sluice.stages.models import model_task
+from sluice.stages.pixels import channels_last
 from sluice.stages.train.config import TrainConfig
 
 IGNORE = -100  # a target that counts for nothing (padding, a masked boundary)
@@ -29,54 +34,65 @@ IGNORE = -100  # a target that counts for nothing (padding, a masked boundary)
 class Task(Protocol):
     name: str
 
-    def prep(self, batch: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """(inputs on the device as the model takes them, targets, sample indices)."""
+    def prep(self, batch: Batch) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """(the model's input on the device, targets, what selection keys on)."""
 
     def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         """One float loss per sample (B,)."""
 
     def losses(self, out: torch.Tensor, targets: torch.Tensor,
                label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``per_sample``, what a selector observes, aligned to the indices ``prep`` gave), from
+        """(``per_sample``, what a selector observes, aligned to the keys ``prep`` gave), from
         one loss computation."""
 
-    def selector_for(self, selector: Any, loader: Any) -> Any:
+    def selector_for(self, selector: Selector) -> Selector:
         """The selector this task's batches can be handed to (or a clear refusal)."""
 
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """[correct, summed loss, count] of one evaluation batch, on the device."""
 
-    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``eval_sums``, and the (2, sources) summed loss and counted targets per mixture source
-        where the batch has sources (else None), from one loss computation."""
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Batch,
+                   n_sources: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``eval_sums``, and the per-source sums where the batch has ``sources`` (else None),
+        from one loss computation."""
 
 
+TASKS: PluginRegistry[type[Task]] = PluginRegistry("tasks", "task")
+
+
+def as_batch(batch: Any) -> Batch:
+    """``batch`` when it is a ``contracts.Batch``; a clear error otherwise."""
+    if not isinstance(batch, Batch):
+        raise TrainError(f"a loader batch must be a sluice.stages.contracts.Batch, got {type(batch).__name__} "
+                         "(Batch.of_images(images, labels, indices) makes one of a tuple)")
+    return batch
+
+
+@TASKS.register("classify")
 class ImageTask:
-    """Moves a batch to the device and turns uint8 pixels into normalised float; cross-entropy
-    per image."""
+    """Moves a batch of normalised images to the device (channels-last where configured);
+    cross-entropy per image."""
     name = "classify"
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
-        c = cfg.in_channels
-        self.mean = channel_values(cfg.normalize_mean, c, device, "normalize_mean")
-        self.std = channel_values(cfg.normalize_std, c, device, "normalize_std")
-        self.device, self.channels_last, self.c = device, cfg.channels_last, c
+        self.device, self.channels_last, self.c = device, cfg.channels_last, cfg.in_channels
 
-    def prep(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        try:
-            images, labels, indices = batch
-        except (TypeError, ValueError):
-            raise TrainError("a loader batch must be (images, labels, indices)") from None
+    def prep(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        images = as_batch(batch).inputs.get("images")
+        if images is None:
+            raise TrainError(f"an image model reads inputs['images']; this batch holds {sorted(batch.inputs)}")
         if images.ndim != 4 or images.shape[1] != self.c:
             raise TrainError(f"images must be NCHW with {self.c} channels (train.in_channels), got "
                              f"{tuple(images.shape)}")
+        if images.dtype == torch.uint8:
+            raise TrainError("images arrive as uint8 pixels: batches reach the trainer normalised, by the loader "
+                             "(the normalize augmentation op; ArrayLoader(normalize=...))")
         nb = self.device.type == "cuda"
-        x = images.to(self.device, non_blocking=nb)
-        x = normalize_uint8(x, self.mean, self.std) if x.dtype == torch.uint8 else x.float()
+        x = images.to(self.device, non_blocking=nb).float()
         if self.channels_last:
             x = channels_last(x)
-        return (x, labels.to(self.device, torch.int64, non_blocking=nb),
-                indices.to(self.device, torch.int64, non_blocking=nb))
+        return (x, batch.targets.to(self.device, torch.int64, non_blocking=nb),
+                batch.indices.to(self.device, torch.int64, non_blocking=nb))
 
     def per_sample(self, out: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
         return F.cross_entropy(out.float(), targets, reduction="none", label_smoothing=label_smoothing)
@@ -87,23 +103,23 @@ class ImageTask:
         per = self.per_sample(out, targets, label_smoothing)
         return per, per
 
-    def selector_for(self, selector: Any, loader: Any) -> Any:
+    def selector_for(self, selector: Selector) -> Selector:
         """Every selection method takes images as they are."""
         return selector
 
-    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``eval_sums``, and for a mixture's batch (``image_mixture.MixtureBatch``: each image's
-        ``sources``) the (3, sources) summed loss, images and correct ones per source."""
-        sources, n = getattr(batch, "sources", None), len(getattr(batch, "source_samples", ()))
-        if sources is None or n < 1:
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Batch,
+                   n_sources: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``eval_sums``, and for a batch with ``sources`` (a mixture's) the (3, sources) summed
+        loss, images and correct ones per source."""
+        if batch.sources is None or n_sources < 1:
             return self.eval_sums(out, targets), None
         per = F.cross_entropy(out.float(), targets, reduction="none")
         correct = out.argmax(1) == targets
         sums = torch.stack([correct.sum().to(out.dtype), per.sum().to(out.dtype),
                             torch.tensor(float(len(targets)), device=out.device, dtype=out.dtype)])
-        src = sources.to(out.device, non_blocking=out.device.type == "cuda")
-        loss_sum, count = source_losses(per.double(), src, n)
-        right = torch.zeros(n, dtype=torch.float64, device=out.device).index_add_(
+        src = batch.sources.to(out.device, non_blocking=out.device.type == "cuda")
+        loss_sum, count = source_losses(per.double(), src, n_sources)
+        right = torch.zeros(n_sources, dtype=torch.float64, device=out.device).index_add_(
             0, src.clamp_min(0).long(), (correct & (src >= 0)).double())
         return sums, torch.stack([loss_sum, count, right])
 
@@ -113,31 +129,27 @@ class ImageTask:
                             torch.tensor(float(len(targets)), device=out.device, dtype=out.dtype)])
 
 
+@TASKS.register("language_model")
 class TokenTask:
-    """Packed token rows (``stages/load/tokens.TokenBatch``, or ``(input_ids, targets,
-    sample_ids)``): next-token cross-entropy, one loss per row (the mean over its counted tokens),
-    evaluated per token. A batch with ``doc_keys`` (the loader's ``doc_keys=True``) gives them as
-    its indices, -1 where the target counts for nothing, for selection by document."""
+    """Packed token rows: next-token cross-entropy, one loss per row (the mean over its counted
+    tokens), evaluated per token. Selection keys each token's document (``doc_keys``, from a
+    token loader built with ``doc_keys=True``), -1 where the target counts for nothing; without
+    them, each row's start (``indices``)."""
     name = "language_model"
 
-    def __init__(self, cfg: TrainConfig, device: torch.device):
+    def __init__(self, cfg: TrainConfig | None, device: torch.device):
         self.device = device
 
-    def prep(self, batch: Any) -> tuple[TokenInputs, torch.Tensor, torch.Tensor]:
+    def prep(self, batch: Batch) -> tuple[TokenInputs, torch.Tensor, torch.Tensor]:
+        inputs = as_batch(batch).inputs
+        ids = inputs.get("input_ids")
+        if ids is None or ids.ndim != 2:
+            raise TrainError(f"token inputs must be input_ids of (rows, length), got {sorted(inputs)}"
+                             + (f" with input_ids {tuple(ids.shape)}" if ids is not None else ""))
         nb = self.device.type == "cuda"
-        if hasattr(batch, "input_ids"):
-            x = TokenInputs(batch.input_ids, getattr(batch, "segment_ids", None), getattr(batch, "position_ids", None))
-            keys = getattr(batch, "doc_keys", None)
-            y, idx = batch.targets, batch.sample_ids if keys is None else keys
-        else:
-            try:
-                ids, y, idx = batch
-            except (TypeError, ValueError):
-                raise TrainError("a token batch must be a TokenBatch or (input_ids, targets, indices)") from None
-            x = TokenInputs(ids)
-        if x.input_ids.ndim != 2:
-            raise TrainError(f"token inputs must be (rows, length), got {tuple(x.input_ids.shape)}")
-        y, idx = y.to(self.device, torch.int64, non_blocking=nb), idx.to(self.device, torch.int64, non_blocking=nb)
+        x = TokenInputs(ids, inputs.get("segment_ids"), inputs.get("position_ids"))
+        idx = batch.indices if batch.doc_keys is None else batch.doc_keys
+        y, idx = batch.targets.to(self.device, torch.int64, non_blocking=nb), idx.to(self.device, torch.int64, non_blocking=nb)
         if idx.ndim == 2:  # documents: a token whose target is ignored counts for nothing
             idx = torch.where(y == IGNORE, -1, idx)
         return x.to(self.device, non_blocking=nb), y, idx
@@ -158,44 +170,31 @@ class TokenTask:
         per_token = self.per_token(out, targets, label_smoothing)
         return per_token.sum(1) / counted, per_token
 
-    def selector_for(self, selector: Any, loader: Any) -> Any:
-        """The selector's form for packed rows (``token_row_selector``: infobatch keyed by
-        document; another method refuses, saying why), checked against a token loader: it must
-        yield ``doc_keys`` and the table must hold its ``n_doc_keys`` documents. A selector of your
-        own (no ``for_token_rows``) gets the (B, L) document keys and per-token losses as they are."""
-        if getattr(selector, "for_token_rows", None) is None:
-            return selector
-        selector = token_row_selector(selector)
-        config = getattr(loader, "config", None)
-        if config is not None and getattr(config, "doc_keys", True) is False:
-            raise SelectionError(f"selection method {selector.config.method!r} on token rows keys documents: "
-                                 "build the token loader with doc_keys=True")
-        n_docs, table = getattr(loader, "n_doc_keys", None), getattr(selector, "n", None)
-        if n_docs is not None and table is not None and n_docs != table:
-            raise SelectionError(f"selection method {selector.config.method!r} keeps a table of {table} "
-                                 f"documents, the token loader has {n_docs}: build it with "
-                                 "split_size=loader.n_doc_keys")
-        return selector
+    def selector_for(self, selector: Selector) -> Selector:
+        """The selector's form for packed rows (``for_token_rows``: infobatch keyed by document;
+        another method refuses, saying why; a selector of your own, as it is)."""
+        return selector.for_token_rows()
 
     def eval_sums(self, out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.eval_batch(out, targets, None)[0]
+        valid = targets != IGNORE
+        return torch.stack([((out.argmax(-1) == targets) & valid).sum().to(out.dtype),
+                            self.per_token(out, targets).sum().to(out.dtype), valid.sum().to(out.dtype)])
 
-    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def eval_batch(self, out: torch.Tensor, targets: torch.Tensor, batch: Batch,
+                   n_sources: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The batch's sums, and per mixture source where the batch says each token's source
-        (``TokenBatch.sources``): the per-token losses computed once for both."""
+        (``sources``): the per-token losses computed once for both."""
         valid = targets != IGNORE
         per_token = self.per_token(out, targets)
         sums = torch.stack([((out.argmax(-1) == targets) & valid).sum().to(out.dtype),
                             per_token.sum().to(out.dtype), valid.sum().to(out.dtype)])
-        sources, n = getattr(batch, "sources", None), len(getattr(batch, "source_tokens", ()))
-        if sources is None or n < 1:
+        if batch.sources is None or n_sources < 1:
             return sums, None
-        sources = sources.to(out.device, non_blocking=out.device.type == "cuda")
-        by_source = source_losses(per_token.to(torch.float64), sources, n, valid=valid)
+        sources = batch.sources.to(out.device, non_blocking=out.device.type == "cuda")
+        by_source = source_losses(per_token.to(torch.float64), sources, n_sources, valid=valid)
         return sums, torch.stack(by_source)
 
 
-def build_task(cfg: TrainConfig, device: torch.device) -> ImageTask | TokenTask:
-    """The task ``cfg.model`` is trained for (its class's ``task``; images by default)."""
-    kind = getattr(MODELS.get(cfg.model), "task", "classify")
-    return TokenTask(cfg, device) if kind == "language_model" else ImageTask(cfg, device)
+def build_task(cfg: TrainConfig, device: torch.device) -> Task:
+    """The task ``cfg.model`` is trained for (``models.model_task``)."""
+    return TASKS.get(model_task(cfg.model))(cfg, device)

@@ -256,9 +256,9 @@ def test_nonpositive_image_size_is_refused_up_front(tmp_path, capsys, size):
 @pytest.mark.drill("config-eval-split")
 @pytest.mark.parametrize("sets,field", [
     (["promotion.eval_split=tset"], "eval_split"),
-    (["promotion.eval_split=val", "prepare.ingest.val_fraction=0"], "eval_split"),
+    (["promotion.eval_split=val", "data.ingest.val_fraction=0"], "eval_split"),
     (["promotion.eval_split=holdout", "selection.method=none"], "eval_split"),  # no IL model: no holdout
-    (["promotion.eval_split=test", "promotion.report_split=val", "prepare.ingest.val_fraction=0"], "report_split"),
+    (["promotion.eval_split=test", "promotion.report_split=val", "data.ingest.val_fraction=0"], "report_split"),
 ])
 def test_bad_eval_split_is_refused_before_any_stage(tmp_path, capsys, sets, field):
     from sluice.flows.cli import main

@@ -69,6 +69,7 @@ class Backend:
     # Where the backend keeps what it holds and why (the memory backend: on the GPU or in pinned
     # host RAM); the loader appends it to its backend reason, so profile_report() shows it.
     placement: str = ""
+    hands_encoded: bool = False  # hands over JPEG bytes for the loader to decode (decode: device)
     timings: Timings
     guard: "Guard"  # the split's damage policy: the loader hands it samples it cannot decode
 
