@@ -106,7 +106,7 @@ def probe_link(c: SimCluster) -> float:
 def compute_only(c: SimCluster, model: str, seed: int, specs: tuple[dict, dict], out: Path) -> float:
     """Median step time of the same model and per-rank batch on node 0 alone (no DDP)."""
     cfg = {**base_config(model, seed, COMPUTE_STEPS), "eval_every_steps": None}
-    _, job = prepare_run(make_job(cfg, specs[0], None), out)
+    _, job, _ = prepare_run(make_job(cfg, specs[0], None), out)
     r = c.nodes[0].run([sys.executable, "-m", "sluice.stages.train.rank", "--job", str(job)],
                        capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:

@@ -28,8 +28,7 @@ TRAIN_SOURCE = 60_000
 
 
 def sluice_once(epochs: float, seed: int, batch_size: int | None = None) -> dict[str, Any]:
-    from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job
-    from sluice.stages.data.shard import shard_dataset
+    from sluice.flows.pipeline import PipelineConfig, prepare_data, training_job
     from sluice.stages.run.launch import launch
     root = Path(tempfile.mkdtemp(prefix="sluice-gpu-tta-"))
     try:
@@ -37,17 +36,18 @@ def sluice_once(epochs: float, seed: int, batch_size: int | None = None) -> dict
             "data_root": str(root), "nproc": 1,
             "train": {"epochs": epochs, "seed": seed, "device": "cuda", "progress": False,
                       **({"batch_size": batch_size} if batch_size else {})},
-            "loader": {"seed": seed, "device": "cuda", "sampler": {"seed": seed}},
-            "prepare": {"shard": {"progress": False}}, "selection": {"seed": seed}})
-        summary = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard)
-        data = dataset_info(summary)
-        c.train.eval_every_steps = max(1, data["counts"]["train"] // c.train.batch_size)
+            "data": {"loader": {"seed": seed, "device": "cuda", "sampler": {"seed": seed}},
+                     "shard": {"progress": False}},
+            "selection": {"seed": seed}})
+        data = prepare_data(c)  # the default recipe's one source, under datasets/fashion-mnist
+        c.train.eval_every_steps = max(1, data.counts["train"] // c.train.batch_size)
         job = training_job(c, data, None)
         r = launch(job, nproc=1, out_dir=root / "run", timeout_s=c.train_timeout_s)
         evals = [{"step": e["step"], "acc": e["acc"], "wall_s": e["wall_time"] - START} for e in r.evals]
         return {"evals": evals, "wall_s": time.time() - START, "final_acc": r.final_acc,
                 "amp": r.summary.get("amp"), "loader": r.summary.get("loader"),
-                "data_wait_frac": r.summary.get("data_wait_frac"), "shard_s": data["seconds"],
+                "data_wait_frac": r.summary.get("data_wait_frac"),
+                "shard_s": sum(v.seconds for v in data.sources),
                 "batch_size": c.train.batch_size, "steps": max((e["step"] for e in r.evals), default=None),
                 "seconds_per_step": r.summary.get("seconds_per_step"), "host": r.summary.get("host"),
                 "train_elapsed_s": r.summary.get("elapsed_s")}

@@ -29,7 +29,7 @@ from benchmarks.results_page import provenance
 LAYOUTS = [(2, 1, 64), (2, 1, 128), (1, 2, 128), (1, 2, 256)]
 
 
-def one(c_base: dict[str, Any], data: dict[str, Any], layout: tuple[int, int, int], samples: int,
+def one(c_base: dict[str, Any], data: Any, layout: tuple[int, int, int], samples: int,
         out: Path) -> dict[str, Any]:
     from sluice.flows.pipeline import PipelineConfig, training_job
     from sluice.stages.run.launch import launch
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=12800, help="trained samples per layout and round")
     args = ap.parse_args(argv)
-    from sluice.flows.pipeline import dataset_info
+    from sluice.flows.pipeline import PipelineConfig
     from sluice.stages.data.config import IngestConfig, ShardConfig
     from sluice.stages.data.shard import shard_dataset
     about = describe_run("benchmarks.host_layout", argv)
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-layout-"))
     try:
         s = shard_dataset(IngestConfig(limit=20000), tmp / "data", ShardConfig(progress=False))
-        data = dataset_info(s)
         base = {"data_root": str(tmp)}
+        data = PipelineConfig.model_validate(base).kind().version_of([s.root], names=["fashion-mnist"])
         runs = []
         for r in range(rounds):
             for i, layout in enumerate(LAYOUTS):

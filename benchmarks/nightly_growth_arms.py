@@ -86,7 +86,8 @@ p, t, d = r["promotion"], r["train"], r["dataset"]
 print("RESULT " + json.dumps({
     "evals": [{"step": e["step"], "acc": e["acc"], "wall_s": since(e["wall_time"])} for e in evals],
     "wall_s": since(end), "api_s": api_s, "startup_s": flow_start - START - api_s, "flow_s": end - flow_start,
-    "dataset": {k: d[k] for k in ("root", "fingerprint", "counts", "reused", "seconds")},
+    "dataset": {"root": d.root, "fingerprint": d.fingerprint, "counts": d.counts, "reused": d.reused,
+                "seconds": sum(v.seconds for v in d.sources)},
     "train_s": t["wall_s"], "steps": t["steps"], "loop_s": t["summary"].get("elapsed_s"),
     "host": t["summary"].get("host"), "verify_s": (r.get("verify") or {}).get("seconds"),
     "promotion": {"model_id": p["model_id"], "promoted": p["promoted"], "reason": p["reason"],
@@ -101,10 +102,12 @@ def sluice_config(arm: str, root: Path, source: Path, seed: int, quick: bool,
                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The arm's config for one night; ``extra`` (a sweep's settings) goes over the arm's own."""
     from sluice.flows.config import merge
+    # one dataset folder night after night, whatever the night's file is called (a growing source)
     over = {"data_root": str(root),
-            "prepare": {"ingest": {"source": str(source)}, "shard": {"progress": False}},
+            "data": {"source": str(source), "name": "fashion-mnist", "shard": {"progress": False},
+                     "loader": {"seed": seed, "sampler": {"seed": seed}}},
             "train": {"seed": seed, "progress": False, **({"epochs": QUICK_EPOCHS} if quick else {})},
-            "loader": {"seed": seed, "sampler": {"seed": seed}}, "selection": {"seed": seed}}
+            "selection": {"seed": seed}}
     return merge(merge(over, SLUICE_ARMS[arm]), extra or {})
 
 
@@ -117,7 +120,7 @@ def steps_per_pass(cfg: dict[str, Any], keys: list[str]) -> int:
     from sluice.storage.lineage import hash_keys
     from sluice.storage.registry import Registry
     c = PipelineConfig.model_validate(cfg)
-    train = [k for k in keys if split_of(k, c.prepare.ingest, has_test=True) == "train"]
+    train = [k for k in keys if split_of(k, c.data.ingest, has_test=True) == "train"]
     n = len(train)
     champ = Registry(c.registry_dir()).champion() if c.warm.init != "scratch" else None
     seen = Registry(c.registry_dir()).trained_hashes(champ) if champ else None

@@ -36,18 +36,17 @@ from benchmarks.hostinfo import describe_run, load_average
 
 def pipeline_config(root: Path, quick: bool) -> dict[str, Any]:
     """The default pipeline on a fresh data root (quick: 20k samples a split, one epoch)."""
-    cfg: dict[str, Any] = {"data_root": str(root), "prepare": {"shard": {"progress": False}},
+    cfg: dict[str, Any] = {"data_root": str(root), "data": {"shard": {"progress": False}},
                            "train": {"progress": False}}
     if quick:
-        cfg["prepare"]["ingest"] = {"limit": 20000}
+        cfg["data"]["ingest"] = {"limit": 20000}
         cfg["train"]["epochs"] = 1
     return cfg
 
 
 def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     """The stages called in turn, timed one by one."""
-    from sluice.flows.pipeline import PipelineConfig, dataset_info, training_job
-    from sluice.stages.data.shard import shard_dataset
+    from sluice.flows.pipeline import PipelineConfig, prepare_data, training_job
     from sluice.stages.load import split_arrays
     from sluice.stages.select.il_model import irreducible_loss_scores
     from sluice.stages.train.evaluate import evaluate_checkpoint
@@ -56,22 +55,22 @@ def direct(cfg: dict[str, Any]) -> dict[str, Any]:
     sec: dict[str, float] = {}
     cpu0 = _cpu(psutil.Process())
     t0 = time.perf_counter()
-    s = shard_dataset(c.prepare.ingest, c.dataset_dir(), c.prepare.shard)
+    version = prepare_data(c)  # the recipe's one source, sharded into datasets/<its name>
     sec["shard"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     il_path = None
     if c.selection.needs_il:  # as the flow: the IL model only where it is used
-        hx, hy = split_arrays(s.root, "holdout", live_only=True)
-        tx, ty = split_arrays(s.root, "train")
-        il_path = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, s.manifest.fingerprint,
+        hx, hy = split_arrays(version.root, "holdout", live_only=True)
+        tx, ty = split_arrays(version.root, "train")
+        il_path = irreducible_loss_scores(c.selection.il, hx, hy, tx, ty, version.fingerprint,
                                           c.scores_dir()).path
     sec["irreducible_loss"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    result = launch(training_job(c, dataset_info(s), il_path), nproc=c.ranks(),
+    result = launch(training_job(c, version, il_path), nproc=c.ranks(),
                     out_dir=str(c.runs_dir() / "direct"), on_line=lambda line: None)
     sec["train"] = time.perf_counter() - t2
     t3 = time.perf_counter()
-    acc = evaluate_checkpoint(result.checkpoint, s.root, c.promotion.report_split)["acc"]
+    acc = evaluate_checkpoint(result.checkpoint, version.root, c.promotion.report_split)["acc"]
     sec["evaluate"] = time.perf_counter() - t3
     return {"seconds_per_stage": sec, "seconds": sum(sec.values()), "test_acc": acc,
             "cpu_seconds": {"flow_process": _cpu(psutil.Process()) - cpu0},
@@ -87,7 +86,7 @@ def via_prefect(cfg: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     cpu = {"api_server": _cpu(server) - cpu0[0], "flow_process": _cpu(me) - cpu0[1]}
     il = r.get("il") or {}
-    sec = {"shard": r["dataset"]["seconds"], "irreducible_loss": il.get("wall_s", 0.0),
+    sec = {"shard": sum(v.seconds for v in r["dataset"].sources), "irreducible_loss": il.get("wall_s", 0.0),
            "train": r["train"]["wall_s"], "evaluate": r["promotion"]["wall_s"]}
     evals = [json.loads(line)["eval"] for line in
              Path(r["train"]["metrics_path"]).read_text().splitlines() if '"eval"' in line]

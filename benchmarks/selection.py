@@ -135,7 +135,7 @@ def run_method(method: str, a: argparse.Namespace, data: dict, il, noise_mask, s
         else:
             with amp(a):
                 b = sel(model, bx, by, idx)
-            bx, by, bidx, weights = b.images, b.labels, b.indices, b.weights
+            bx, by, bidx, weights = b.inputs, b.targets, b.indices, b.weights
             noisy += b.stats.get("sel_noisy", 0.0)
         n_sel += len(bidx)
         with amp(a):

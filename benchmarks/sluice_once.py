@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         "evals": [{"step": e["step"], "acc": e["acc"], "wall_s": since_start(e["wall_time"])} for e in evals],
         "wall_s": since_start(end), "final_acc": evals[-1]["acc"], "api_s": api_s,
         "startup_s": flow_start - START - api_s,  # imports before the flow began
-        "shard_s": res["dataset"]["seconds"], "train_wall_s": res["train"]["wall_s"],
+        "shard_s": sum(v.seconds for v in res["dataset"].sources), "train_wall_s": res["train"]["wall_s"],
         "amp": res["train"]["summary"].get("amp"),
         "promotion": {k: res["promotion"].get(k) for k in ("eval_split", "candidate_value")}}), flush=True)
 

@@ -70,13 +70,13 @@ BASELINES: dict[str, list[str]] = {
 ABLATIONS: dict[str, dict[str, Any]] = {
     "sluice": {},
     "sluice -ema": {"train": {"ema_decay": None}},
-    "sluice +translate": {"augment": {"ops": [{"op": "translate", "pad": 2}, {"op": "flip"}]}},
+    "sluice +translate": {"data": {"augment": {"ops": [{"op": "translate", "pad": 2}, {"op": "flip"}]}}},
     "sluice -flip tta": {"train": {"eval_tta": "none"}},
     "sluice +label smoothing": {"train": {"label_smoothing": 0.1}},
     "sluice -momentum cycling": {"train": {"momentum_cycle": None}},
     "sluice -channels-last": {"train": {"channels_last": False}},
     "sluice 1 rank x 2 threads": {"nproc": 1, "train": {"torch_threads": 2}},
-    "sluice +holdout kept": {"prepare": {"ingest": {"holdout_fraction": 0.1}}},
+    "sluice +holdout kept": {"data": {"ingest": {"holdout_fraction": 0.1}}},
     "sluice -infobatch": {"selection": {"method": "none"}},
     # half the steps for the same samples (lr_reference_batch scales the lr with the batch)
     "sluice +batch 128 per rank": {"train": {"batch_size": 128}},
@@ -114,11 +114,11 @@ def sluice_config(overrides: dict[str, Any], epochs: float, seed: int, root: Pat
     from sluice.flows.config import merge
     from sluice.flows.pipeline import PipelineConfig
     cfg = merge({"data_root": str(root), "train": {"epochs": epochs, "seed": seed, "progress": False},
-                 "loader": {"seed": seed, "sampler": {"seed": seed}},
-                 "prepare": {"shard": {"progress": False}}, "selection": {"seed": seed}},
+                 "data": {"loader": {"seed": seed, "sampler": {"seed": seed}}, "shard": {"progress": False}},
+                 "selection": {"seed": seed}},
                 overrides, leaves=("model_kwargs",))
     c = PipelineConfig.model_validate(cfg)
-    ing = c.prepare.ingest
+    ing = c.data.ingest
     n_train = TRAIN_SOURCE - round(TRAIN_SOURCE * ing.holdout_fraction) - round(TRAIN_SOURCE * ing.val_fraction)
     steps = (n_train // c.ranks()) // c.train.batch_size
     c.train.eval_every_steps = max(1, steps)

@@ -28,7 +28,7 @@ from benchmarks.results_page import _pct, provenance
 
 # The deployment test's config (tests/test_prefect_deploy.py::_tiny), minus its data root.
 TINY: dict[str, Any] = {
-    "prepare": {"ingest": {"limit": 1500}, "shard": {"shard_samples": 500, "workers": 1, "progress": False}},
+    "data": {"ingest": {"limit": 1500}, "shard": {"shard_samples": 500, "workers": 1, "progress": False}},
     "selection": {"method": "rho_loss", "ratio": 0.5, "il": {"epochs": 1}},
     "train": {"max_steps": 20, "batch_size": 32, "comm": {"mode": "powersgd", "params": {"start_iter": 5}}},
     "promotion": {"margin": 0.05}, "nproc": 2}

@@ -218,6 +218,21 @@ class _Wrapped:
     """A loader that passes the trainer's loader contract through to ``self.loader``."""
     loader: Any
 
+    @property
+    def names(self) -> list[str]:
+        return self.loader.names
+
+    @property
+    def device(self) -> Any:
+        return self.loader.device
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    def report(self) -> Any:
+        return self.loader.report()
+
     def __len__(self) -> int:
         return len(self.loader)
 

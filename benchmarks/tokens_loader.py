@@ -87,7 +87,7 @@ def arm_sluice(splits: list[Any], B: int, L: int, seed: int, mixture: Any = None
     loader = TokenLoader(splits, seq_len=L, batch_size=B, prefetch=0, seed=seed, **kw)
     while True:
         for b in loader:  # a finished epoch starts the next one
-            yield b.input_ids, b.targets
+            yield b.inputs["input_ids"], b.targets
 
 
 def _window(it: Iterator[tuple[Any, Any]], seconds: float, warmup_s: float) -> dict[str, float]:

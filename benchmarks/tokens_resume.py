@@ -50,9 +50,10 @@ def _run_ranks(splits: list[Any], cfg: dict[str, Any], world: int, batch: int, s
         for batches in zip(*its):
             for b in batches:
                 e = loaders[0].epoch
-                keep = (b.sample_ids >= 0).numpy()
+                ids = b.inputs["input_ids"]  # (B, L): L is this step's row length
+                keep = (b.indices >= 0).numpy()  # a row's start in the epoch's stream; -1: padding
                 for i in np.nonzero(keep)[0]:
-                    rows.setdefault(e, []).append((int(b.sample_ids[i]), b.seq_len, b.input_ids[i].numpy(),
+                    rows.setdefault(e, []).append((int(b.indices[i]), ids.shape[1], ids[i].numpy(),
                                                    b.targets[i].numpy(), b.sources[i].numpy()))
             steps += 1
             if stop_steps is not None and steps >= stop_steps:
