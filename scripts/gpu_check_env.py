@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-from gpu_check_proc import fail, run
+# its sibling in scripts/ (on sys.path already when run beside it, not when imported as scripts.gpu_check_env)
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_proc import fail, run  # noqa: E402
 
 
 # What a CUDA image is assumed to bring (scripts/gpu-wheelhouse.txt); the dry run's env sees these
