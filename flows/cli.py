@@ -58,17 +58,15 @@ def _print_outcome(cfg, result: dict) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``sluice run nightly|prepare|train``: the flow, in this process, on any kind of data."""
     import sluice.flows.nightly as fl
     cfg = _pipeline_config(args)
-    fn = {"nightly": fl.nightly, "prepare": fl.prepare, "train": fl.train}[args.flow]
-    if args.flow != "prepare":
-        print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
-    result = fn(cfg)
     if args.flow == "prepare":
-        for v in result.sources:
+        for v in fl.prepare(cfg).sources:
             print(f"dataset artifact: {v.root} ({'reused' if v.reused else 'written'})")
-    else:
-        _print_outcome(cfg, result)
+        return 0
+    print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
+    _print_outcome(cfg, fl.train(cfg) if args.flow == "train" else fl.nightly(cfg))
     return 0
 
 

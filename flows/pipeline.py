@@ -8,9 +8,9 @@ It is the flows' parameter, so a YAML file (``sluice run nightly --config``), a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WithJsonSchema, field_validator, model_validator
 
 from sluice.flows.recipe import load_recipe, overlay, resolve_auto
 from sluice.stages.precision import resolve_amp
@@ -34,6 +34,14 @@ MOVED = {"prepare": "data.ingest and data.shard (data.kind: image)", "augment": 
          "text": "data (data.kind: tokens: sources, shard, seq_len, ...)"}
 
 
+# The data section's JSON schema (what a Prefect deployment checks parameters against): an object
+# whose shape its kind declares and whose fields the recipe fills in, so any part of it may be given.
+DataSection = Annotated[SerializeAsAny[DataConfig], WithJsonSchema({
+    "type": "object", "title": "Data", "additionalProperties": True,
+    "properties": {"kind": {"type": "string", "description": "a registered kind of data: image, tokens, ..."}},
+    "description": "data.kind and its sources, and the rest of the section in the shape that kind declares"})]
+
+
 def _method_needs_il(selection: Any) -> bool:
     method = selection.method if isinstance(selection, BaseModel) else (selection or {}).get("method", "none")
     return method != "none" and method in SELECTION_METHODS.names() and SELECTION_METHODS.get(method).needs_il
@@ -44,13 +52,18 @@ def _device_wants_cuda(train: Any) -> bool:
     return wants_cuda(device)
 
 
+def _every_section_may_be_left_to_the_recipe(schema: dict[str, Any]) -> None:
+    """The JSON schema of a config whose recipe fills in what it does not give: no section required."""
+    schema.pop("required", None)
+
+
 class PipelineConfig(BaseModel):
     """Everything the nightly pipeline does, stage by stage."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_every_section_may_be_left_to_the_recipe)
     recipe: str = Field("default", description="the recipe under this config (flows/recipes/<name>.yaml): "
                         "its values fill in whatever the config does not give")
     data_root: str = Field("sluice-data", description="datasets, scores, runs and the model registry live here")
-    data: SerializeAsAny[DataConfig] = Field(
+    data: DataSection = Field(
         description="what the night trains on: data.kind (image, tokens, ...) and its sources, and the rest of "
         "the section in the shape that kind declares (stages/kinds)")
     selection: SelectionConfig = Field(default_factory=SelectionConfig)

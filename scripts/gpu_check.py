@@ -179,9 +179,9 @@ def skipped_tests(junit: Path) -> tuple[dict, list[dict]]:
     return counts, skipped
 
 
-CANDIDATE = re.compile(r"^candidate\s*: (?P<model>\S+) (?P<split>\S+) accuracy (?P<acc>[0-9.]+) "
-                       r"\((?P<report_split>\S+) (?P<report_acc>[0-9.]+)\) -> (?P<outcome>promoted|not promoted) "
-                       r"\((?P<reason>.*)\)\s*$", re.M)
+CANDIDATE = re.compile(r"^candidate\s*: (?P<model>\S+) (?P<split>[a-z]+)_(?P<metric>\w+) (?P<acc>[0-9.]+) "
+                       r"\((?P<report_split>\S+) (?P<report_acc>[0-9.]+)\), (?:higher|lower) is better -> "
+                       r"(?P<outcome>promoted|not promoted) \((?P<reason>.*)\)\s*$", re.M)
 RESOLVED = re.compile(r"^#? ?resolved for this host(?: at run time)?: (.+?)  \(", re.M)  # "  (HOST_NOTE)"
 
 

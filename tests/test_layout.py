@@ -114,16 +114,20 @@ def test_no_import_cycles(graph):
     ("sluice.storage", ("sluice.stages", "sluice.flows", "prefect", "torch.distributed")),
     ("sluice.stages", ("sluice.flows", "prefect")),
     ("sluice.stages.data", ("sluice.stages.load", "sluice.stages.select", "sluice.stages.train",
-                            "sluice.stages.run")),
-    ("sluice.stages.load", ("sluice.stages.select", "sluice.stages.train", "sluice.stages.run")),
-    ("sluice.stages.select", ("sluice.stages.load", "sluice.stages.train", "sluice.stages.run")),
-    ("sluice.stages.train", ("sluice.stages.run",)),
+                            "sluice.stages.run", "sluice.stages.kinds")),
+    ("sluice.stages.load", ("sluice.stages.select", "sluice.stages.train", "sluice.stages.run",
+                            "sluice.stages.kinds")),
+    ("sluice.stages.select", ("sluice.stages.load", "sluice.stages.train", "sluice.stages.run",
+                              "sluice.stages.kinds")),
+    ("sluice.stages.train", ("sluice.stages.run", "sluice.stages.kinds")),
+    ("sluice.stages.kinds", ("sluice.stages.run",)),
     ("sluice.stages.contracts", ("sluice.stages.",)),
     ("sluice.errors", ("sluice.",)),
 ])
 def test_layers_import_only_downward(layer, forbidden):
     """Contracts and errors sit below everything; a rank (``train``) never reaches up into the
-    run that launches it (``run``); nothing in ``stages`` imports the flows."""
+    run that launches it (``run``) or the kinds of data; a kind (``kinds``) sits above the stages
+    it composes and below the run that calls it; nothing in ``stages`` imports the flows."""
     mods = _modules()
     bad = []
     for name, path in mods.items():
@@ -225,24 +229,42 @@ def test_the_wheel_installs_one_top_level_package_usable_without_prefect(tmp_pat
     assert where.startswith(str(target)) and loaded == "[]"
 
 
-def test_the_run_path_in_architecture_md_is_the_code(graph):
-    """docs/architecture.md's table, from ``sluice demo`` to ``train_step``: each caller calls the
-    next function, imports its module, and the path crosses at most 6 modules."""
+def _hop_tables(text: str) -> list[list[tuple[str, str]]]:
+    """Each hop table of docs/architecture.md: its rows ``| n | `caller` | `callee` |``, in order."""
     import re
-    rows = re.findall(r"^\| \d+ \| `([\w.]+)` \| `([\w.]+)` \|$", (ROOT / "docs" / "architecture.md").read_text(), re.M)
-    assert rows and rows[0][0] == "sluice.flows.cli.cmd_demo" and rows[-1][1].endswith(".step.train_step")
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        m = re.match(r"^\| \d+ \| `([\w.]+)` \| `([\w.]+)` \|$", line)
+        if m:
+            rows.append(m.groups())
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def test_the_run_path_in_architecture_md_is_the_code(graph):
+    """docs/architecture.md's tables, from ``sluice demo`` and from ``sluice run nightly`` (the
+    text night's path) to ``train_step``: each caller calls the next function, imports its module,
+    and each path crosses at most 6 modules."""
+    tables = _hop_tables((ROOT / "docs" / "architecture.md").read_text())
+    assert {t[0][0] for t in tables} >= {"sluice.flows.cli.cmd_demo", "sluice.flows.cli.cmd_run"}, \
+        "docs/architecture.md needs the demo's path and the text night's"
     mods = _modules()
-    hops = 0
-    for k, (caller, callee) in enumerate(rows):
-        assert k == 0 or rows[k - 1][1] == caller, f"the path breaks before {caller}"
-        (cmod, cfn), (tmod, tfn) = caller.rsplit(".", 1), callee.rsplit(".", 1)
-        defs = {n.name: n for n in ast.parse(mods[tmod].read_text()).body if isinstance(n, ast.FunctionDef)}
-        assert tfn in defs, f"{tmod} defines no function {tfn}"
-        fn = next(n for n in ast.parse(mods[cmod].read_text()).body if isinstance(n, ast.FunctionDef) and n.name == cfn)
-        called = {c.func.id if isinstance(c.func, ast.Name) else c.func.attr for c in ast.walk(fn)
-                  if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))}
-        assert tfn in called, f"{caller} does not call {tfn}"
-        if cmod != tmod:
-            assert tmod in graph[cmod], f"{cmod} does not import {tmod}"
-            hops += 1
-    assert hops <= 6
+    for rows in tables:
+        assert rows[-1][1].endswith(".step.train_step"), rows[-1]
+        hops = 0
+        for k, (caller, callee) in enumerate(rows):
+            assert k == 0 or rows[k - 1][1] == caller, f"the path breaks before {caller}"
+            (cmod, cfn), (tmod, tfn) = caller.rsplit(".", 1), callee.rsplit(".", 1)
+            defs = {n.name: n for n in ast.parse(mods[tmod].read_text()).body if isinstance(n, ast.FunctionDef)}
+            assert tfn in defs, f"{tmod} defines no function {tfn}"
+            fn = next(n for n in ast.parse(mods[cmod].read_text()).body
+                      if isinstance(n, ast.FunctionDef) and n.name == cfn)
+            called = {c.func.id if isinstance(c.func, ast.Name) else c.func.attr for c in ast.walk(fn)
+                      if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))}
+            assert tfn in called, f"{caller} does not call {tfn}"
+            if cmod != tmod:
+                assert tmod in graph[cmod], f"{cmod} does not import {tmod}"
+                hops += 1
+        assert hops <= 6, f"the path from {rows[0][0]} crosses {hops} modules"
