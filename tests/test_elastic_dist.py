@@ -63,7 +63,7 @@ def uninterrupted_epoch0() -> Counter:
     out: Counter = Counter()
     for r in range(2):
         out.update(int(i) for b in ArrayLoader(x, np.zeros(N), G // 2, seed=3, rank=r, world_size=2)
-                   for i in b[2])
+                   for i in b.indices)
     return out
 
 

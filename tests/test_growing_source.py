@@ -37,7 +37,8 @@ def test_growing_source_warm_nights_and_fair_grading(tmp_path):
     w = second["warm"]
     assert w["init"] == "champion" and w["parent_model"] == first["model_id"]
     assert w["new"] > 0 and w["replayed"] == round(0.5 * w["new"])
-    subset = set(np.load(w["subset"]).tolist())
+    (subset_file,) = w["subsets"].values()  # one source
+    subset = set(np.load(subset_file).tolist())
     assert len(subset) == w["new"] + w["replayed"]
     trained = {i for line in (Path(second["run_dir"]) / "samples-rank0.jsonl").read_text().splitlines()
                for i in json.loads(line)["indices"]}

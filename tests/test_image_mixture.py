@@ -351,3 +351,71 @@ def test_a_training_job_trains_on_an_image_mixture(arts, tmp_path):
     assert sum(counts.values()) == ev["n"]
     assert sum(ev["loss_by_source"][k] * counts[k] for k in counts) / ev["n"] == pytest.approx(ev["loss"], rel=1e-4)
     assert sum(ev["acc_by_source"][k] * counts[k] for k in counts) / ev["n"] == pytest.approx(ev["acc"], abs=1e-6)
+
+
+# ------------------------------------------------------------------ the nightly flow on an image mixture
+MIXTURE_NIGHTS = """
+import json, sys
+import sluice.flows.nightly as fl
+from sluice.flows.pipeline import PipelineConfig
+for cfg in json.loads(sys.argv[1]):
+    r = fl.nightly(PipelineConfig.model_validate(cfg))
+    p = r["promotion"]
+    print("RESULT " + json.dumps({"promotion": {k: p[k] for k in ("model_id", "promoted", "metric", "by_source",
+        "warm", "unseen", "champion_before", "champion_value", "eval")}, "dataset": r["dataset"].model_dump(mode="json"),
+        "served": r["train"]["summary"].get("served_by_source")}), flush=True)
+"""
+
+
+def _source(path, x, y, tx, ty):
+    np.savez(path, images=x, labels=y, test_images=tx, test_labels=ty)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_an_image_mixture_night_warm_starts_and_reports_each_source(tmp_path):
+    """Two image sources, mixed by weight, through the same nightly flow as one: per-source
+    accuracy in the promotion and what each source served training; the next night, one source
+    grown, starts from the champion on the new samples of that source plus a replay of both."""
+    import json
+    import subprocess
+    import sys
+    from sluice.stages.load.arrays import fashion_mnist
+    x, y = fashion_mnist("train")
+    tx, ty = fashion_mnist("test")
+    a = _source(tmp_path / "a.npz", x[:400], y[:400], tx[:150], ty[:150])
+    b = tmp_path / "b.npz"
+
+    def config(n_b: int) -> dict:
+        _source(b, x[400:400 + n_b], y[400:400 + n_b], tx[150:250], ty[150:250])
+        return {"data_root": str(tmp_path / "data"), "nproc": 1, "keep_versions": None,
+                "data": {"sources": [{"name": "a", "source": a, "weight": 2.0}, {"name": "b", "source": str(b)}],
+                         "shard": {"shard_samples": 500, "workers": 1, "progress": False}},
+                "selection": {"method": "none"}, "train": {"max_steps": 12, "batch_size": 32},
+                "warm": {"init": "auto", "replay_ratio": 0.5}}
+    nights = []
+    for n_b in (200, 300):  # b grows by 100 samples between the nights: separate runs, one process each
+        out = subprocess.run([sys.executable, "-c", MIXTURE_NIGHTS, json.dumps([config(n_b)])],
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+        nights += [json.loads(x[len("RESULT "):]) for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    first, second = nights
+    p1, d1 = first["promotion"], first["dataset"]
+    assert [s["name"] for s in d1["sources"]] == ["a", "b"] and d1["kind"] == "image"
+    assert p1["promoted"] and p1["metric"] == "val_acc"
+    assert set(p1["by_source"]) == {"a", "b"} and all(0 <= v["candidate"] <= 1 for v in p1["by_source"].values())
+    assert set(p1["eval"]["by_source"]) == {"a", "b"}
+    assert sum(s["n"] for s in p1["eval"]["by_source"].values()) == d1["counts"]["val"]
+    served = first["served"]["served"]
+    assert set(served) == {"a", "b"} and served["a"] > served["b"] > 0  # a weighs twice as much
+    assert {k: v["trained"] for k, v in p1["by_source"].items()} == served
+
+    p2, d2 = second["promotion"], second["dataset"]
+    w = p2["warm"]
+    assert w["init"] == "champion" and w["parent_model"] == p1["model_id"], w
+    grown = d2["sources"][1]["counts"]["train"] - d1["sources"][1]["counts"]["train"]
+    assert grown > 0 and w["new"] == grown and w["replayed"] == round(0.5 * grown)
+    subsets = {k: set(np.load(f).tolist()) for k, f in w["subsets"].items()}
+    assert set(subsets) == {"a", "b"} and len(subsets["a"]) + len(subsets["b"]) == w["new"] + w["replayed"]
+    assert p2["champion_before"] == p1["model_id"] and p2["unseen"]["champion_samples_checked"] > 0
+    assert all(v["champion"] is not None for v in p2["by_source"].values())  # re-graded per source

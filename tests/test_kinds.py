@@ -241,3 +241,32 @@ def test_the_trainer_reads_batches_and_loaders_by_their_fields_never_by_probing(
             if re.search(r"\b(getattr|hasattr)\((batch|loader|selector|self\.selector|train_job|data)\b", line):
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_a_champion_of_another_kind_is_neither_warm_started_nor_graded(tmp_path):
+    """One registry per kind of data: a text night on a data root whose champion is an image
+    classifier says so, instead of failing on a missing tokenizer or comparing accuracy with
+    bits per byte; the registry stays as it was."""
+    from sluice.errors import RegistryError
+    from sluice.stages.kinds.tokens import TokenData, TokenKind, TokenVersion
+    from sluice.stages.run.promote import PromotionConfig, evaluate_and_promote
+    from sluice.stages.run.warm import WarmStartConfig, plan_start
+    from sluice.storage.registry import Candidate, Registry
+    reg = Registry(tmp_path / "reg")
+    ckpt = tmp_path / "c.pt"
+    ckpt.write_bytes(b"weights")
+    rec = reg.register(Candidate(ckpt, dataset_fingerprint="f" * 64, eval_split="f/val", metric="val_acc", value=0.9))
+    reg.promote_if_better(rec)  # a record from before kinds were recorded: an image model
+    kind = TokenKind()
+    source = SourceVersion(name="a", location="x", root=str(tmp_path / "nowhere"), fingerprint="a" * 64,
+                           counts={"train": 5, "val": 2})
+    version = TokenVersion(fingerprint="v" * 64, sources=[source], counts=source.counts, vocab_size=300, eot=0,
+                           tokenizer_sha256="t" * 64, tokenizer_file="/t.json", tokens=source.counts)
+    start = plan_start(WarmStartConfig(init="auto"), kind, version, TrainConfig(model="gpt"), "none", reg.root, None,
+                       tmp_path / "run")
+    assert start.plan is None and "data.kind image" in start.why
+    with pytest.raises(RegistryError, match="model of data.kind image and tonight trains tokens"):
+        evaluate_and_promote(kind, PromotionConfig().for_kind(kind), reg.root, tmp_path, version,
+                             TokenData(source="x"), {"checkpoint": str(ckpt), "summary": {}}, {}, needs_il=False,
+                             config={})
+    assert [r.model_id for r in reg.list()] == [rec.model_id]

@@ -49,7 +49,7 @@ def cfg(**kw) -> dict:
 def test_two_nodes_via_the_deploy_script_equal_two_ranks_on_one_machine(tmp_path, data, cluster):
     """deploy/torchrun-multinode.sh on each node, as an operator would run it: both nodes end
     with identical parameters, equal to a 2-rank single-machine run from the same seed."""
-    out, job = prepare_run(make_job(cfg(), *data), tmp_path / "nodes")
+    out, job, _ = prepare_run(make_job(cfg(), *data), tmp_path / "nodes")
     n0 = cluster.nodes[0]
     procs = []
     for node in cluster.nodes:

@@ -213,7 +213,13 @@ class DataKind:
 
     # ------------------------------------------------------------------ the training job
     def check(self, train: TrainConfig, data: DataConfig, selection: SelectionConfig) -> None:
-        """Refuse, before anything runs, a model or settings this kind cannot train with."""
+        """Refuse, before anything runs, a model or settings this kind cannot train with: by
+        default a model trained for another task than the kind's batches are for."""
+        from sluice.stages.models import model_task
+        task = model_task(train.model)
+        if task != self.task:
+            raise ConfigError(f"train.model={train.model!r} is trained for {task}, and data.kind {self.name} "
+                              f"trains models for {self.task}")
 
     def selection_refusal(self, method: str, data: DataConfig) -> str | None:
         """Why selection method ``method`` cannot select this kind's samples (None: it can)."""
@@ -301,6 +307,16 @@ class DataKind:
         """The champion's loss on each of ``indices`` (over the sources, in order): what the
         ``champion_loss`` replay weighs old samples by."""
         raise ConfigError(self.replay_refusal("champion_loss") or "no per-sample losses")
+
+    def champion_refusal(self, champion_data: dict[str, Any]) -> str | None:
+        """Why a champion registered with ``champion_data`` (its record's data facts) is no model
+        of this kind (None: it is one): such a champion can neither start tonight's run nor be
+        graded on tonight's samples."""
+        theirs = champion_data.get("kind") or ("tokens" if champion_data.get("modality") == "tokens" else "image")
+        if theirs != self.name:
+            return (f"it is a model of data.kind {theirs} and tonight trains {self.name}: give each kind of data "
+                    "its own data_root (its own registry)")
+        return None
 
     def reread_lineage(self, fingerprint: str, datasets_dir: Path, names: Sequence[str] = ()) -> np.ndarray | None:
         """What a champion registered before lineage was kept trained on, re-read from its

@@ -216,6 +216,7 @@ class ImageKind(DataKind):
         if task != self.task:
             raise ConfigError(f"train.model={train.model!r} is trained for {task}, and data.kind image trains "
                               "classifiers (a language model trains on data.kind: tokens)")
+        super().check(train, data, selection)
 
     def selection_refusal(self, method: str, data: DataConfig) -> str | None:
         if method != "none" and SELECTION_METHODS.get(method).needs_il and len(data.sources) > 1:

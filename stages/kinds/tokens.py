@@ -202,6 +202,7 @@ class TokenKind(DataKind):
         if task != self.task:
             raise ConfigError(f"train.model={train.model!r} is trained for {task}; data.kind tokens trains "
                               "language models (gpt is one)")
+        super().check(train, data, selection)
         max_len = train.model_kwargs.get("max_len")
         if max_len is not None and max_len < data.eval_seq_len():
             raise ConfigError(f"train.model_kwargs.max_len={max_len} is shorter than the rows of "

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sluice.errors import RegistryError
 from sluice.stages.kinds import DataConfig, DataKind, DatasetVersion
 from sluice.stages.run.grading import candidate_lineage, champion_lineage, grade
 from sluice.storage.manifest import SPLITS
@@ -55,6 +56,10 @@ def evaluate_and_promote(kind: DataKind, promotion: PromotionConfig, registry_di
     if not trained.get("checkpoint"):
         raise RuntimeError("training produced no checkpoint; nothing to evaluate")
     reg = Registry(registry_dir)
+    champ = reg.champion()
+    why = kind.champion_refusal(champ.metrics.get("data") or {}) if champ is not None else None
+    if why:  # before anything is graded or registered: the registry stays as it was
+        raise RegistryError(f"champion {champ.model_id} cannot be compared with tonight's candidate: {why}")
     warm = trained.get("warm") or {}
     inherited = reg.trained_hashes(reg.get(warm["parent_model"])) if warm.get("parent_model") else None
     lineage = candidate_lineage(kind, version, needs_il, inherited)
@@ -66,7 +71,6 @@ def evaluate_and_promote(kind: DataKind, promotion: PromotionConfig, registry_di
     report = cand if reported == split else grade(kind, trained["checkpoint"], "candidate", lineage[2], where,
                                                   version, reported, kind.key_hashes(version, [reported]), **how)
     eval_split = f"{version.fingerprint[:16]}/{kind.grading_key(data, split)}"
-    champ = reg.champion()
     now, champ_checked, champ_eval = None, None, None
     if champ is not None and (champ.eval_split != eval_split or champ.metric != metric):
         # Before registering: a refusal here leaves the registry as it was.

@@ -137,6 +137,9 @@ def plan_start(warm: WarmStartConfig, kind: DataKind, version: DatasetVersion, t
     champ = reg.champion()
     if champ is None:
         return _refuse(warm, "there is no champion yet")
+    why = kind.champion_refusal(champ.metrics.get("data") or {})
+    if why:
+        return _refuse(warm, f"champion {champ.model_id}: {why}")
     try:
         hashes = reg.trained_hashes(champ)
         ckpt = reg.checkpoint_path(champ)

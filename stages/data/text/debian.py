@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--limit", type=int, default=None, help="documents per source (default: all)")
-    ap.add_argument("--shard", metavar="DATA_ROOT", help="also shard each source into DATA_ROOT/<name>, all "
-                    "with one tokenizer learnt from the train documents of all three (kept in "
-                    "DATA_ROOT/tokenizers), so they mix")
+    ap.add_argument("--shard", metavar="DATA_ROOT", help="also shard each source into DATA_ROOT/datasets/<name>, "
+                    "all with one tokenizer learnt from the train documents of all three (kept in "
+                    "DATA_ROOT/tokenizers), so they mix: where the pipeline on data_root DATA_ROOT puts them")
     ap.add_argument("--tokenizer", default="bpe", choices=["bpe", "byte"])
     args = ap.parse_args(argv)
     sources = build_corpus(args.out, args.limit)
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = TextShardConfig(tokenizer=args.tokenizer)
         tok = shared_tokenizer(list(sources.items()), cfg, Path(args.shard) / "tokenizers", log=print)
         for name, path in sources.items():  # one tokenizer for the mixture, learnt from all of them
-            s = shard_text(cfg.model_copy(update={"tokenizer_file": str(tok)}), path, Path(args.shard) / name)
+            s = shard_text(cfg.model_copy(update={"tokenizer_file": str(tok)}), path,
+                           Path(args.shard) / "datasets" / name)
             print(s.format())
 
 
