@@ -38,10 +38,10 @@ def _log(line: str) -> None:
 
 
 @task(name="prepare-data", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
-def prepare_task(config: dict[str, Any]) -> DatasetVersion:
+def prepare_task(c: PipelineConfig) -> DatasetVersion:
     """Each source's dataset version under ``datasets/<name>``: found when it exists, written
     (on top of the last version when the source grew) otherwise."""
-    return prepare_data(_config(config), log=_log)
+    return prepare_data(c, log=_log)
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2)
@@ -66,10 +66,9 @@ def _task_runner(name: str):
 
 
 @task(name="irreducible-loss", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
-def il_task(config: dict[str, Any], version: DatasetVersion) -> dict[str, Any]:
+def il_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
     """IL scores for this version: stored, carried by key from the nearest earlier version's (only
     new, changed and relabelled samples scored), or computed afresh; on the training device."""
-    c = _config(config)
     t0 = time.perf_counter()
     s = c.kind().irreducible_loss(version, c.selection, str(c.scores_dir()), "cuda" if c.on_cuda() else "cpu")
     _log(s.pop("describe", ""))
@@ -77,22 +76,20 @@ def il_task(config: dict[str, Any], version: DatasetVersion) -> dict[str, Any]:
 
 
 @task(name="verify-data")
-def verify_task(config: dict[str, Any], version: DatasetVersion) -> dict[str, Any]:
+def verify_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
     """Every sample's checksum before any rank reads one (``sluice verify``, the cheap form): the
     result goes into the report; damage fails the run here, naming it, unless the loader skips it."""
-    c = _config(config)
     return c.kind().verify(version, c.data, _log)
 
 
 @task(name="train", retries=1, retry_delay_seconds=10)
-def train_task(config: dict[str, Any], version: DatasetVersion, il: dict[str, Any] | None,
+def train_task(c: PipelineConfig, version: DatasetVersion, il: dict[str, Any] | None,
                run_dir: str) -> dict[str, Any]:
     """Where the weights start (the champion's, warm, or scratch), the job assembled once, then
     ``nproc`` ranks on this machine (one in this process, several under torchrun) or on each of
     ``launch.nodes``; a retry resumes from the run's last checkpoint."""
     from sluice.stages.run.training import run_training
     from sluice.stages.run.warm import plan_start
-    c = _config(config)
     il_path = il["path"] if il else None
     _log(f"placement: {c.resolved_for_host()}")
     start = plan_start(c.warm, c.kind(), version, c.train, c.selection.method, c.registry_dir(), il_path, run_dir)
@@ -111,10 +108,9 @@ def gc_task(dataset_dir: str, keep: int) -> dict[str, Any]:
 
 
 @task(name="evaluate-and-promote")
-def promote_task(config: dict[str, Any], version: DatasetVersion, trained: dict[str, Any],
+def promote_task(c: PipelineConfig, version: DatasetVersion, trained: dict[str, Any],
                  run: dict[str, Any]) -> dict[str, Any]:
     from sluice.stages.run.promote import evaluate_and_promote
-    c = _config(config)
     out = evaluate_and_promote(c.kind(), c.promotion, c.registry_dir(), c.datasets_dir(), version, c.data, trained,
                                run, needs_il=c.selection.needs_il, config=c.model_dump(mode="json"))
     per = ", ".join(f"{k} {v['candidate']:.4f}" + (f" (champion {v['champion']:.4f})" if v["champion"] is not None else "")
@@ -171,7 +167,7 @@ def prepare(config: PipelineConfig | None = None) -> DatasetVersion:
     if c.prepare_runner != "local":
         runner = _task_runner(c.prepare_runner)
         return _prepare_on_runner.with_options(task_runner=runner)(c.model_dump(mode="json"))
-    return prepare_task(c.model_dump(mode="json"))
+    return prepare_task(c)
 
 
 @flow(name="train", log_prints=True)
@@ -179,14 +175,13 @@ def train(config: PipelineConfig | None = None, data: DatasetVersion | None = No
     """IL scores (if selection needs them) → verify → train → evaluate → promote → report."""
     c = _config(config)
     version = data or prepare(c)
-    cfg = c.model_dump(mode="json")
-    il = il_task(cfg, version) if c.selection.needs_il else None
-    checked = verify_task(cfg, version)  # before any rank reads a sample
+    il = il_task(c, version) if c.selection.needs_il else None
+    checked = verify_task(c, version)  # before any rank reads a sample
     run = _run_info()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
-    trained = train_task(cfg, version, il, str(run_dir))
-    decision = promote_task(cfg, version, trained, run)
+    trained = train_task(c, version, il, str(run_dir))
+    decision = promote_task(c, version, trained, run)
     report_task({**run_summary(version, il, trained, decision, c.promotion.report_split, c.kind()),
                  "verify": checked}, trained["metrics_path"])
     return {"dataset": version, "il": il, "verify": checked,
