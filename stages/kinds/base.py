@@ -168,6 +168,7 @@ class DataKind:
     samples: ClassVar[str] = "samples"  # what one of its samples is called (documents, ...)
     curve: ClassVar[tuple[str, str, tuple[float, float]]] = ("acc", "accuracy", (0.0, 1.0))  # report chart
     split_rule: ClassVar[str] = "the split settings"  # what moves samples between splits (grading errors name it)
+    trains: ClassVar[str] = "classifiers"  # the models its task trains, as a refusal names them
 
     # ------------------------------------------------------------------ preparation
     def claims(self, source: str) -> bool:
@@ -219,7 +220,7 @@ class DataKind:
         task = model_task(train.model)
         if task != self.task:
             raise ConfigError(f"train.model={train.model!r} is trained for {task}, and data.kind {self.name} "
-                              f"trains models for {self.task}")
+                              f"trains {self.trains}")
 
     def selection_refusal(self, method: str, data: DataConfig) -> str | None:
         """Why selection method ``method`` cannot select this kind's samples (None: it can)."""

@@ -18,14 +18,13 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 from pydantic import Field, model_validator
 
-from sluice.errors import ConfigError, SelectionError, StorageError
+from sluice.errors import SelectionError, StorageError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, SourceVersion,
                                       WarmSource)
 from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize
 from sluice.stages.load.specs import ImagesData
-from sluice.stages.models import model_task
 from sluice.stages.select import SELECTION_METHODS
 from sluice.stages.select.config import SelectionConfig
 from sluice.stages.train.config import TrainConfig
@@ -100,6 +99,7 @@ class ImageKind(DataKind):
     samples = "samples"
     curve = ("acc", "accuracy", (0.0, 1.0))
     split_rule = IMAGE_SPLIT_RULE
+    trains = "classifiers (a language model trains on data.kind: tokens)"
 
     # ------------------------------------------------------------------ preparation
     def claims(self, source: str) -> bool:
@@ -211,13 +211,6 @@ class ImageKind(DataKind):
                 **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
 
     # ------------------------------------------------------------------ the training job
-    def check(self, train: TrainConfig, data: ImageData, selection: SelectionConfig) -> None:
-        task = model_task(train.model)
-        if task != self.task:
-            raise ConfigError(f"train.model={train.model!r} is trained for {task}, and data.kind image trains "
-                              "classifiers (a language model trains on data.kind: tokens)")
-        super().check(train, data, selection)
-
     def selection_refusal(self, method: str, data: DataConfig) -> str | None:
         if method != "none" and SELECTION_METHODS.get(method).needs_il and len(data.sources) > 1:
             return (f"selection method {method!r} trains its irreducible-loss model on one source's holdout: "

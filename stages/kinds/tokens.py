@@ -27,7 +27,6 @@ from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetV
 from sluice.stages.load.specs import TokensData
 from sluice.stages.load.token_cursor import SeqLenSchedule
 from sluice.stages.load.tokens import TokenLoaderConfig
-from sluice.stages.models import model_task
 from sluice.stages.select.base import token_rows_refusal
 from sluice.stages.select.config import SelectionConfig
 from sluice.stages.train.config import TrainConfig
@@ -85,6 +84,7 @@ class TokenKind(DataKind):
     higher_is_better = False
     samples = "documents"
     curve = ("loss", "loss per token", (0.0, math.inf))
+    trains = "language models (gpt is one)"
     split_rule = ("data.shard.seed, val_fraction, holdout_fraction or test_fraction, or a source renamed onto "
                   "another's documents")
 
@@ -198,10 +198,6 @@ class TokenKind(DataKind):
 
     # ------------------------------------------------------------------ the training job
     def check(self, train: TrainConfig, data: TokenData, selection: SelectionConfig) -> None:
-        task = model_task(train.model)
-        if task != self.task:
-            raise ConfigError(f"train.model={train.model!r} is trained for {task}; data.kind tokens trains "
-                              "language models (gpt is one)")
         super().check(train, data, selection)
         max_len = train.model_kwargs.get("max_len")
         if max_len is not None and max_len < data.eval_seq_len():
