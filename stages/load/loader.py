@@ -296,7 +296,7 @@ class Loader(LoaderBase):
         """Continue from ``state`` (written at any world size): the rest of its epoch over the
         counts and source versions it began with, then the config's mixture. A state at an
         epoch's start or end is a boundary: the config's mixture (and sources) take over there."""
-        if state.get("kind", "images") not in ("images", "image_mixture"):
+        if state.get("kind", "images") not in ("images", "image_mixture"):  # image_mixture: a state from before
             raise LoaderError(f"not an image loader state (kind={state.get('kind')!r})")
         world, batch = check_state(state, split=self.config.split, world_size=self.world_size,
                                    batch_size=self.config.batch_size, batches=len(self))

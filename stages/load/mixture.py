@@ -341,7 +341,7 @@ class MixtureSampler:
     is ``offset_i + j``), for loaders that read one index space (``EpochCursor``, the image
     ``Loader``'s ``custom_sampler`` over a split that concatenates the sources). Keep its
     ``state_dict`` beside the loader's when weights may change between runs. To read several
-    image artifacts as one mixture, use ``image_mixture.MixtureLoader``."""
+    image artifacts as one mixture, use ``loader.Loader(mixture=...)``."""
 
     def __init__(self, plan: MixturePlan):
         self.plan = plan
