@@ -367,6 +367,11 @@ def results_section(d: dict[str, Any], name: str = "text_growth.json") -> list[s
                       f"{reached} of {len(seeds)} seeds (within {GOALS['bpb_within']} on {within}), at "
                       f"{_x(v['wall_ratio']['median'])} its wall time and {_x(v['train_ratio']['median'])} its "
                       "training time (medians).")
+    la = [r["load_average"][0] for r in d["runs"] if r.get("load_average")]
+    if la:
+        lines += ["", f"The host's 1-minute load average at each night's start: {min(la):.1f}–{max(la):.1f} "
+                      f"({d['nproc']} cores): the wall figures move with it, the bits per byte do not (a seed's "
+                      "training is deterministic)."]
     return lines + ["", provenance(d, name)]
 
 
