@@ -42,8 +42,8 @@ included; ``grade_s``: grading the candidate and the champion on tonight's val a
 and whether the candidate was promoted. Per arm: the median and min–max over seeds; for the
 warm arms, their wall time over scratch's and their bits per byte less scratch's, paired by seed.
 
-    python -m benchmarks.text_growth            # the recipe's settings: limit 300, 200 steps (30+ min on 2 cores)
-    python -m benchmarks.text_growth --quick    # limit 40, 60 steps, 3 seeds (~6 min): text_growth_quick.json
+    python -m benchmarks.text_growth            # the recipe's settings: limit 300, 200 steps (~8-10 min on 2 cores)
+    python -m benchmarks.text_growth --quick    # limit 40, 60 steps, 3 seeds (~5 min on 2 cores): text_growth_quick.json
     python -m benchmarks.text_growth --tiny --out /tmp/t.json   # one seed, 4 steps, 1 rank: ~2 min, a check that it runs
 
 Writes ``benchmarks/results/text_growth.json`` (``--quick``: ``text_growth_quick.json``) after
