@@ -38,6 +38,7 @@ from benchmarks.loader_report import results_section as loader
 from benchmarks.loader_scale import results_section as loader_scale
 from benchmarks.nightly_growth_summary import results_section as nightly_growth
 from benchmarks.nightly_warm_sweep import results_section as warm_sweep
+from benchmarks.text_growth import results_section as text_growth
 from benchmarks.results_page import load as _load
 from benchmarks.selection_report import results_section as selection
 from benchmarks.shard import results_section as shard
@@ -163,7 +164,10 @@ def render_nightly() -> str:
         return ("Not measured yet: `benchmarks/results/nightly_growth.json` does not exist, so this page "
                 "claims no figure for it (`python -m benchmarks.nightly_growth` writes it).\n")
     sweep = _load("nightly_growth_warm_sweep.json")
-    return "\n".join(nightly_growth(d) + (["", *warm_sweep(sweep)] if sweep else [])) + "\n"
+    text = [["", *text_growth(t, n)] for n in ("text_growth.json", "text_growth_quick.json")
+            if (t := _load(n)) is not None]
+    return "\n".join(nightly_growth(d) + (["", *warm_sweep(sweep)] if sweep else [])
+                     + [line for block in text for line in block]) + "\n"
 
 
 # ------------------------------------------------------------------ on one GPU

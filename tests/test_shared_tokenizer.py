@@ -146,6 +146,23 @@ def test_a_tokenizer_relearnt_at_the_same_path_is_not_ignored_for_the_parents(tm
     assert shard_text(use, a, tmp_path / "ds" / "a").reused
 
 
+def test_a_data_root_moved_elsewhere_keeps_its_lineage(tmp_path):
+    """The same tokenizer at another path (a data root copied or moved, its tokenizers folder
+    with it): a grown source's next version is still written on top of its parent, the tokenizer
+    compared by its bytes, not its path."""
+    import shutil
+    cfg = _cfg()
+    a, b = _folder(tmp_path / "a"), _jsonl(tmp_path / "b.jsonl")
+    path = shared_tokenizer([("a", a), ("b", b)], cfg, tmp_path / "old" / "tok")
+    shard_text(cfg.model_copy(update={"tokenizer_file": str(path)}), b, tmp_path / "old" / "ds" / "b")
+    shutil.copytree(tmp_path / "old", tmp_path / "new")
+    moved = shared_tokenizer([("a", a), ("b", b)], cfg, tmp_path / "new" / "tok")
+    assert moved != path and moved.read_bytes() == path.read_bytes()  # reused where it now is
+    _jsonl(b, 20)  # b grows
+    v2 = shard_text(cfg.model_copy(update={"tokenizer_file": str(moved)}), b, tmp_path / "new" / "ds" / "b").manifest
+    assert v2.parent is not None and v2.parent_refused is None and v2.delta.reused_docs == 12
+
+
 def test_sources_sharded_with_it_record_one_tokenizer(tmp_path):
     cfg = _cfg()
     srcs = [("a", _folder(tmp_path / "a")), ("b", _jsonl(tmp_path / "b.jsonl")), ("c", _folder(tmp_path / "c", 6, 300))]

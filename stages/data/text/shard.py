@@ -166,7 +166,9 @@ def _finished(out: Path, version: str, t0: float) -> TextShardSummary | None:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in ("progress", "incremental")}
+    """What a parent's config must share with this one: not the tokenizer file's path (its bytes
+    are compared instead, so a data root moved elsewhere keeps its lineage)."""
+    return {k: v for k, v in config.items() if k not in ("progress", "incremental", "tokenizer_file")}
 
 
 def _find_parent(out: Path, src: TextSource, cfg: TextShardConfig) -> tuple[_Parent | None, str | None]:
