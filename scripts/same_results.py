@@ -73,7 +73,6 @@ def _text_corpus(root: Path, name: str, n: int, seed: int) -> Path:
 
 
 def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
-    import numpy as np
     from sluice.stages.data.config import IngestConfig
     from sluice.stages.data.shard import ShardConfig, shard_dataset
     from sluice.stages.load import AugmentSpec, Loader, LoaderConfig
@@ -204,23 +203,33 @@ def configurations(tmp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
     }
 
 
-def compare(a: Path, b: Path) -> int:
+def compare(a: Path, b: Path, record: Path | None = None, before_commit: str | None = None) -> int:
+    """Each configuration same or DIFFERENT; ``record``: also write both runs and the verdicts
+    there, with the commits and the host (a results file, as the benchmarks write them)."""
     old, new = json.loads(a.read_text()), json.loads(b.read_text())
-    bad = 0
-    for name in sorted(set(old) | set(new)):
-        same = old.get(name) == new.get(name)
-        bad += not same
-        print(f"{'same' if same else 'DIFFERENT':10s} {name}")
-    return 1 if bad else 0
+    same = {name: old.get(name) == new.get(name) for name in sorted(set(old) | set(new))}
+    for name, ok in same.items():
+        print(f"{'same' if ok else 'DIFFERENT':10s} {name}")
+    if record is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from benchmarks.hostinfo import cpu, git_commit, host_class_record, load_average
+        record.write_text(json.dumps({
+            "command": f"python scripts/same_results.py (before: at {before_commit or 'the old commit'}; after: at "
+                       f"this commit), then --compare BEFORE AFTER --record {record.name}",
+            "commit": git_commit(), "before_commit": before_commit, "host": cpu(), **host_class_record(),
+            "load_average_start": load_average(), "same": same, "before": old, "after": new}, indent=1) + "\n")
+    return 0 if all(same.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"))
+    ap.add_argument("--record", type=Path, help="with --compare: write both runs and the verdicts to this file")
+    ap.add_argument("--before-commit", help="with --record: the commit OLD was run at")
     ap.add_argument("--only", nargs="*", help="run only these configurations")
     a = ap.parse_args(argv)
     if a.compare:
-        return compare(*a.compare)
+        return compare(*a.compare, record=a.record, before_commit=a.before_commit)
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, run in configurations(Path(tmp)).items():

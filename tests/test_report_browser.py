@@ -58,7 +58,7 @@ def test_nightly_report_reads_right_in_a_real_browser(prefect_server, tmp_path):
         text = b.wait_for("return document.body.innerText.includes('Sluice nightly run') && document.body.innerText",
                           timeout=90)
         assert f"{STEPS} steps on 2 ranks" in text, text[:3000]
-        assert f"final evaluation accuracy {evals[0]['acc']:.4f}" in text, text[:3000]
+        assert f"final evaluation on test: accuracy {evals[0]['acc']:.4f}" in text, text[:3000]
         imgs = b.wait_for("""
             const imgs = [...document.querySelectorAll('img')].filter(i => i.src.startsWith('data:image/svg'));
             return imgs.length == 2 && imgs.every(i => i.complete && i.naturalWidth > 0) &&
