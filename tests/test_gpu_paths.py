@@ -21,13 +21,15 @@ import torch
 import torch.distributed as dist
 
 from conftest import FMNIST
-from sluice.stages.load.augment import (AUGMENT_OPS, AugmentSpec, BrightnessContrast, Cutout, Flip,
-                                        Normalize, RandomResizedCrop, TorchAugment, Translate)
+from sluice.stages.load.augment import (AUGMENT_OPS, AugmentSpec, BrightnessContrast, CenterCrop, Cutout,
+                                        Flip, Normalize, RandomResizedCrop, TorchAugment, Translate)
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 ON = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=gpu)]
 OPS = {"random_resized_crop": [RandomResizedCrop(size=24, scale=(0.3, 1.0))], "flip": [Flip()],
+       "center_crop": [CenterCrop(size=24, crop_fraction=0.875, antialias=True)],
+       "center_crop_bilinear": [CenterCrop(size=24)],
        "translate": [Translate(pad=3)], "cutout": [Cutout(size=9, p=0.8)],
        "brightness_contrast": [BrightnessContrast(brightness=0.3, contrast=0.3)],
        "normalize": [Normalize(mean=[0.4, 0.5, 0.6], std=[0.2, 0.25, 0.3])],

@@ -26,11 +26,12 @@ from sluice.storage.artifact import DatasetArtifact
 
 
 def check_resolution(config: LoaderConfig, artifact: DatasetArtifact) -> None:
-    """Refuse, before anything is read, a resolution or crop size above the stored images'."""
+    """Refuse, before anything is read, a resolution or crop size (of an op that makes one size:
+    ``random_resized_crop``, ``center_crop``) above the stored images': it would only upsample."""
     shape = artifact.manifest.fields.image.shape
     wanted = [config.resolution.end] if config.resolution else []
     if config.augment:
-        wanted += [op.size for op in config.augment.ops if getattr(op, "size", None) and op.op == "random_resized_crop"]
+        wanted += [op.size for op in config.augment.ops if op.makes_one_size and getattr(op, "size", None)]
     if shape is not None:
         for w in wanted:
             if w > max(shape[0], shape[1]):

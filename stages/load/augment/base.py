@@ -60,6 +60,9 @@ class AugmentOp(BaseModel):
     dali_input_types: ClassVar[tuple[tuple[str, str], ...]] = ()
     finishes_dali: ClassVar[bool] = False  # the DALI half also does the final CHW float conversion
     needs_sizes: ClassVar[bool] = False  # ``draw`` reads each image's size (variable-size data)
+    # every output has one size (the op's ``size`` or the epoch's resolution) whatever the input's:
+    # such an op, leading, lets images of different sizes (a zero-padded canvas) become one batch
+    makes_one_size: ClassVar[bool] = False
 
     def draw(self, n: int, hs: np.ndarray, ws: np.ndarray, resolution: int | None,
              gen: torch.Generator) -> Params:
@@ -87,6 +90,18 @@ class AugmentOp(BaseModel):
 
     def apply_dali(self, x: Any, inputs: list[Any], ctx: DaliContext) -> Any:
         raise NotImplementedError(f"op {self.op!r} has no DALI half")
+
+
+def one_size_ops() -> list[str]:
+    """The known ops that make images of any size one size (for error messages)."""
+    out = []
+    for name in AUGMENT_OPS.names():
+        try:
+            if getattr(AUGMENT_OPS.get(name), "makes_one_size", False):
+                out.append(name)
+        except Exception:  # a broken plugin must not hide the error being reported
+            continue
+    return out
 
 
 def same_size(hs: np.ndarray, ws: np.ndarray) -> bool:

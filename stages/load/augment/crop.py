@@ -85,6 +85,7 @@ class RandomResizedCrop(AugmentOp):
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
     needs_sizes = True
+    makes_one_size = True
     dali_input_types = (("roi_start", "float"), ("roi_end", "float"), ("size", "float"))
 
     def output_sizes(self, hs, ws, resolution):

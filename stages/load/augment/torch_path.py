@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from sluice.errors import LoaderError
 from sluice.stages.load.augment.fast_cpu import OpenCvPrefix, applies as opencv_prefix_applies
-from sluice.stages.load.augment.base import AugmentOp, Params, TorchContext
+from sluice.stages.load.augment.base import AugmentOp, Params, TorchContext, one_size_ops
 from sluice.stages.load.augment.spec import AugmentSpec, draw_params
 from sluice.stages.pixels import channels_last
 
@@ -34,7 +34,8 @@ class TorchAugment:
                  sizes: np.ndarray | torch.Tensor | None = None) -> torch.Tensor:
         """uint8 NHWC (any device) -> float32 NCHW on the same device. ``sizes`` (N, 2): the
         images are a zero-padded canvas (``canvas.Canvas``) of images of these sizes; the draws
-        are made for those sizes, and a random resized crop must come first to make them one."""
+        are made for those sizes, and an op that makes them one size (``check_variable_sizes``)
+        must come first."""
         ops = list(self.spec.ops)
         n, h, w = images.shape[:3]
         if sizes is not None:
@@ -79,11 +80,14 @@ class TorchAugment:
 
 
 def check_variable_sizes(ops: list[AugmentOp], resolution: int | None) -> None:
-    """Images of different sizes in one batch need a leading random resized crop with an output
-    size (its own or the epoch's resolution) to become one batch (as on the dali backend)."""
-    if not ops or ops[0].op != "random_resized_crop":
-        raise LoaderError("images of different sizes in one batch: the augmentation must start with a "
-                          "random_resized_crop (it makes them one size)")
+    """Images of different sizes in one batch (a zero-padded canvas) become one batch only through
+    a leading op that makes one size (``makes_one_size``: ``random_resized_crop``,
+    ``center_crop``): any other op first would act on the padding too."""
+    names = " or ".join(one_size_ops())
+    if not ops or not ops[0].makes_one_size:
+        first = f"it starts with {ops[0].op}" if ops else "it has no ops"
+        raise LoaderError(f"images of different sizes in one batch: the augmentation must start with "
+                          f"{names} (they make them one size); {first}")
     if not (resolution or getattr(ops[0], "size", None)):
-        raise LoaderError("images of different sizes in one batch: give the random_resized_crop a size "
+        raise LoaderError(f"images of different sizes in one batch: give the {ops[0].op} a size "
                           "(or the loader a resolution)")

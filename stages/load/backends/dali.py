@@ -28,6 +28,8 @@ import torch
 
 from sluice.errors import LoaderError, require
 from sluice.stages.load.augment import AugmentSpec, batch_seed, draw_params
+from sluice.stages.load.augment.base import one_size_ops
+from sluice.stages.load.augment.torch_path import check_variable_sizes
 from sluice.stages.load.backends.base import LOADER_BACKENDS, Backend
 from sluice.stages.load.integrity import Guard
 from sluice.stages.load.sample_index import SampleIndex
@@ -100,7 +102,7 @@ class DaliBackend(Backend):
                               "HWC->CHW float conversion); put it last and only once")
         for op in ops:  # per-channel values must fit the data before the pipeline is built
             op.check_channels(self.channels)
-        self._has_rrc = any(op.op == "random_resized_crop" for op in ops)
+        self._one_size = any(op.makes_one_size for op in ops)  # random_resized_crop, center_crop
         self._needs_sizes = any(op.needs_sizes for op in ops)
         self._pipes: dict[tuple[int, bool], tuple] = {}  # (max batch, final resize) -> (pipe, source)
         self._live = None  # the epoch generator currently driving a pipeline
@@ -223,10 +225,12 @@ class DaliBackend(Backend):
             self._live = None
         if start_batch >= n_batches:
             return iter(())
-        if resolution is not None and not self._has_rrc:
+        if resolution is not None and not self._one_size:
             final_resize = self.shape is None or self.shape[0] != resolution or self.shape[1] != resolution
         else:
             final_resize = False
+        if self.shape is None and not final_resize:  # sizes vary: the torch path's rule, before DALI runs
+            check_variable_sizes(self.spec.ops, resolution)
         gen = self._run(order, batch_size, n_batches, start_batch, resolution, epoch, final_resize)
         self._live = gen
         return gen
@@ -264,8 +268,9 @@ class DaliBackend(Backend):
                 nxt = b + 1
                 t1 = time.perf_counter()
                 if not images.is_dense_tensor():
-                    raise LoaderError("images of different sizes in one batch: add a RandomResizedCrop "
-                                      "or pass a resolution to the dali backend")
+                    raise LoaderError("images of different sizes in one batch: start the augmentation with "
+                                      f"{' or '.join(one_size_ops())} (with a size), or pass a resolution "
+                                      "to the dali backend")
                 if gpu:
                     from nvidia.dali.plugin.pytorch import feed_ndarray
                     dense = images.as_tensor()
