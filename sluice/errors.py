@@ -5,7 +5,9 @@ bug — and each layer has one subclass, so a caller can catch exactly what it c
 
     SluiceError
     ├── ConfigError            a configuration that cannot work (checked before anything runs)
-    │   └── MissingDependency  an optional extra is not installed; the message names it
+    │   ├── MissingDependency  an optional extra is not installed; the message names it
+    │   └── PreflightError     the model, the config and the data do not fit together (one batch
+    │                          through the model before any rank starts: stages/run/preflight.py)
     ├── StorageError           artifacts, scores, checkpoints, the model registry
     │   ├── WriteError         a write that failed (disk full, ...): also an OSError
     │   ├── ArtifactError (CorruptSample, TooManyCorruptSamples), ScoresError (ScoresNotFound),
@@ -47,6 +49,12 @@ def require(module: str, package: str, extra: str, purpose: str):
     except ImportError as e:
         raise MissingDependency(f"{purpose} needs the '{package}' package ({e}); install it "
                                 f"with: pip install 'sluice[{extra}]'") from e
+
+
+class PreflightError(ConfigError):
+    """The model cannot take the data as configured (input shape, outputs, labels, non-finite
+    values), found on one batch before any rank starts; the message names the model, the shapes
+    and the setting to change, and the original error is its ``__cause__``."""
 
 
 # ------------------------------------------------------------------ storage

@@ -169,6 +169,8 @@ class DataKind:
     curve: ClassVar[tuple[str, str, tuple[float, float]]] = ("acc", "accuracy", (0.0, 1.0))  # report chart
     split_rule: ClassVar[str] = "the split settings"  # what moves samples between splits (grading errors name it)
     trains: ClassVar[str] = "classifiers"  # the models its task trains, as a refusal names them
+    # the data settings that decide a batch's input shape, as the pre-flight check names them
+    input_settings: ClassVar[str] = "the data section's settings that shape a batch"
 
     # ------------------------------------------------------------------ preparation
     def claims(self, source: str) -> bool:

@@ -100,6 +100,7 @@ class ImageKind(DataKind):
     curve = ("acc", "accuracy", (0.0, 1.0))
     split_rule = IMAGE_SPLIT_RULE
     trains = "classifiers (a language model trains on data.kind: tokens)"
+    input_settings = "data.shard.image_size (the size images are stored at) or data.loader.resolution"
 
     # ------------------------------------------------------------------ preparation
     def claims(self, source: str) -> bool:

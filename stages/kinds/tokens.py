@@ -85,6 +85,7 @@ class TokenKind(DataKind):
     samples = "documents"
     curve = ("loss", "loss per token", (0.0, math.inf))
     trains = "language models (gpt is one)"
+    input_settings = "data.seq_len (or data.seq_len_schedule)"
     split_rule = ("data.shard.seed, val_fraction, holdout_fraction or test_fraction, or a source renamed onto "
                   "another's documents")
 
