@@ -22,8 +22,10 @@ from prefect.context import FlowRunContext
 
 from sluice.flows.pipeline import PipelineConfig, prepare_data, training_job
 from sluice.flows.report import report_markdown
+from sluice.flows.retry import retry_unless_deterministic
 from sluice.stages.host import usable_cores
 from sluice.stages.kinds import DatasetVersion
+from sluice.stages.train.job import TrainJob
 
 
 def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
@@ -37,14 +39,15 @@ def _log(line: str) -> None:
 # ------------------------------------------------------------------ tasks
 
 
-@task(name="prepare-data", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
+@task(name="prepare-data", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600,
+      retry_condition_fn=retry_unless_deterministic)
 def prepare_task(c: PipelineConfig) -> DatasetVersion:
     """Each source's dataset version under ``datasets/<name>``: found when it exists, written
     (on top of the last version when the source grew) otherwise."""
     return prepare_data(c, log=_log)
 
 
-@task(name="write-shard", retries=2, retry_delay_seconds=2)
+@task(name="write-shard", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_deterministic)
 def write_shard_task(spec: dict[str, Any], shard: dict[str, Any]) -> dict[str, Any]:
     from sluice.stages.data.shard import write_shard_from_spec
     return write_shard_from_spec(spec, shard)
@@ -65,7 +68,8 @@ def _task_runner(name: str):
     raise ValueError(f"unknown task runner {name!r}")
 
 
-@task(name="irreducible-loss", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600)
+@task(name="irreducible-loss", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600,
+      retry_condition_fn=retry_unless_deterministic)
 def il_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
     """IL scores for this version: stored, carried by key from the nearest earlier version's (only
     new, changed and relabelled samples scored), or computed afresh; on the training device."""
@@ -82,20 +86,34 @@ def verify_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
     return c.kind().verify(version, c.data, _log)
 
 
-@task(name="train", retries=1, retry_delay_seconds=10)
+@task(name="preflight")
+def preflight_task(job: TrainJob, input_settings: str) -> dict[str, Any]:
+    """One batch of each split through the model, on the CPU, before any rank starts: a model
+    that cannot take the data fails here once (``PreflightError``), naming the setting to change."""
+    from sluice.stages.run.preflight import preflight
+    report = preflight(job, input_settings)
+    _log(f"pre-flight: {report.line()}")
+    return report.to_dict()
+
+
+@task(name="train", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_unless_deterministic)
 def train_task(c: PipelineConfig, version: DatasetVersion, il: dict[str, Any] | None,
                run_dir: str) -> dict[str, Any]:
-    """Where the weights start (the champion's, warm, or scratch), the job assembled once, then
-    ``nproc`` ranks on this machine (one in this process, several under torchrun) or on each of
-    ``launch.nodes``; a retry resumes from the run's last checkpoint."""
+    """Where the weights start (the champion's, warm, or scratch), the job assembled once and
+    checked on one batch (the ``preflight`` task, run inside this one so it checks the very job
+    the ranks get), then ``nproc`` ranks on this machine (one in this process, several under
+    torchrun) or on each of ``launch.nodes``; a retry, only after a crash or a lost rank
+    (``flows/retry.py``), resumes from the run's last checkpoint."""
     from sluice.stages.run.training import run_training
     from sluice.stages.run.warm import plan_start
     il_path = il["path"] if il else None
     _log(f"placement: {c.resolved_for_host()}")
     start = plan_start(c.warm, c.kind(), version, c.train, c.selection.method, c.registry_dir(), il_path, run_dir)
     # verified=True: verify_task checked every sample's checksum before this task
-    return run_training(training_job(c, version, il_path, verified=True, start=start), start, run_dir, c.launch,
-                        nproc=c.ranks(), timeout_s=c.train_timeout_s, log=_log)
+    job = training_job(c, version, il_path, verified=True, start=start)
+    fits = preflight_task(job, c.kind().input_settings)
+    return {**run_training(job, start, run_dir, c.launch, nproc=c.ranks(), timeout_s=c.train_timeout_s, log=_log),
+            "preflight": fits}
 
 
 @task(name="gc-dataset-versions")
@@ -183,9 +201,9 @@ def train(config: PipelineConfig | None = None, data: DatasetVersion | None = No
     trained = train_task(c, version, il, str(run_dir))
     decision = promote_task(c, version, trained, run)
     report_task({**run_summary(version, il, trained, decision, c.promotion.report_split, c.kind()),
-                 "verify": checked}, trained["metrics_path"])
-    return {"dataset": version, "il": il, "verify": checked,
-            "train": {k: v for k, v in trained.items() if k != "evals"}, "promotion": decision,
+                 "verify": checked, "preflight": trained["preflight"]}, trained["metrics_path"])
+    return {"dataset": version, "il": il, "verify": checked, "preflight": trained["preflight"],
+            "train": {k: v for k, v in trained.items() if k not in ("evals", "preflight")}, "promotion": decision,
             "run_dir": str(run_dir)}
 
 

@@ -168,6 +168,9 @@ def markdown_summary(s: dict[str, Any]) -> str:
             "no damage" if v.get("ok") else f"**{v.get('damaged_count')} damaged**: "
             + ", ".join(f"{d['file']}#{d['index']}" for d in v.get("damaged", [])[:10]))
             + (f"; no checksums in {', '.join(v['unchecked'])}" if v.get("unchecked") else ""))
+    fit = s.get("preflight")
+    if fit:  # one batch of each split through the model before any rank started
+        lines.append(f"- pre-flight: {fit.get('line', '')}")
     sel = s.get("selection")
     if sel:
         lines.append("- selection: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
