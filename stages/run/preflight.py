@@ -9,15 +9,15 @@ and one from its eval spec on the CPU, and runs ``rows`` of each through the mod
 (BatchNorm statistics untouched; the model is thrown away) and through the task's own loss
 (``stages/train/tasks.TASKS``); every target of both batches goes through that loss too (on
 logits of zeros), so a label the model has no output for is caught whichever row holds it. The
-same code for every kind of data. What it does not run:
-``torch.compile``, DDP, mixed precision and the selector (each decided per rank; none changes a
-shape). The process's random state is left as it was.
+same code for every kind of data. What it does not run: ``torch.compile``, DDP, mixed precision
+and the selector (each decided per rank; none changes a shape). The process's random state is
+left as it was.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -43,7 +43,7 @@ class PreflightReport:
     """What the pre-flight checked, on which batches, and how long it took."""
     model: str
     task: str
-    batches: dict[str, dict[str, Any]]  # split -> {"inputs": {name: shape}, "targets", "logits", "loss"}
+    batches: dict[str, dict[str, Any]]  # split -> {"inputs": {name: shape}, "targets", "logits", "rows"}
     checked: tuple[str, ...]
     seconds: float
 
