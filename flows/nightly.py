@@ -112,7 +112,10 @@ def train_task(c: PipelineConfig, version: DatasetVersion, il: dict[str, Any] | 
     # verified=True: verify_task checked every sample's checksum before this task
     job = training_job(c, version, il_path, verified=True, start=start)
     fits = preflight_task(job, c.kind().input_settings)
-    return {**run_training(job, start, run_dir, c.launch, nproc=c.ranks(), timeout_s=c.train_timeout_s, log=_log),
+    # the task's own logger, bound here: the progress watcher logs from its own thread, where
+    # get_run_logger() finds no run context
+    log = get_run_logger().info
+    return {**run_training(job, start, run_dir, c.launch, nproc=c.ranks(), timeout_s=c.train_timeout_s, log=log),
             "preflight": fits}
 
 

@@ -22,12 +22,17 @@ Log = Callable[[str], None]
 
 @contextlib.contextmanager
 def watch_progress(metrics: Path, log: Log, every_s: float = 15.0) -> Iterator[None]:
-    """Log the training progress from rank 0's metrics file while torchrun runs."""
+    """Log the training progress from rank 0's metrics file every ``every_s`` while the ranks
+    run, and once more when they are done (so a short run says where it ended too). ``log`` is
+    called from the watcher's thread: pass a logger bound where it runs, not one that looks up
+    a context."""
     stop = threading.Event()
 
     def watch() -> None:
         pos = 0  # bytes of whole lines read so far: each tick reads only what was appended
-        while not stop.wait(every_s):
+        done = False
+        while not done:
+            done = stop.wait(every_s)
             if not metrics.exists():
                 continue
             with metrics.open("rb") as f:
