@@ -110,6 +110,13 @@ def test_fixed_size_batch_is_resize_short_side_then_centre_crop(antialias, fast_
     at_20 = ours(land, CenterCrop(size=16, antialias=antialias), 20)
     assert (at_20 - hand(land, (20, 30), (0, 20), (5, 25))).abs().max() < 2e-3
     assert torch.allclose(ours(land, CenterCrop(antialias=antialias)), _nchw(land)[:, :, :, 10:50], atol=2e-3)
+    # squash: the whole image to the square (timm's crop_mode="squash"); with crop_fraction 0.8
+    # both sides go to 20 and the central 16×16 is kept
+    for imgs in (land, port):
+        got = ours(imgs, CenterCrop(size=16, crop_mode="squash", antialias=antialias))
+        assert (got - hand(imgs, (16, 16), (0, 16), (0, 16))).abs().max() < 2e-3
+        got = ours(imgs, CenterCrop(size=16, crop_fraction=0.8, crop_mode="squash", antialias=antialias))
+        assert (got - hand(imgs, (20, 20), (2, 18), (2, 18))).abs().max() < 2e-3
 
 
 def test_antialias_is_pils_resize_and_plain_bilinear_is_not():
