@@ -125,6 +125,20 @@ class DatasetArtifact:
             raise ArtifactError(f"{self.root}: split {split!r} has {out.shape} content sums for {rec.count} samples")
         return out.astype(np.uint32)
 
+    def sizes(self, split: str) -> np.ndarray | None:
+        """The split's stored (height, width) per sample, (count, 2) uint32 by split index; None
+        for a split written before them."""
+        rec = self.manifest.split(split)
+        if rec.sizes is None:
+            return None
+        try:
+            out = np.load(io.BytesIO(self.local(rec.sizes).read_bytes()), allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ArtifactError(f"{self.root}: split {split!r} sizes are unreadable: {e}") from None
+        if out.shape != (rec.count, 2):
+            raise ArtifactError(f"{self.root}: split {split!r} has sizes of shape {out.shape} for {rec.count} samples")
+        return out.astype(np.uint32)
+
     def live(self, split: str) -> np.ndarray:
         """The split indices a reader may yield, sorted: all but those removed in this version
         or an ancestor (deleted from the source, or their content changed)."""
@@ -185,7 +199,7 @@ class DatasetArtifact:
         for name in names:
             s = self.manifest.split(name)
             small = [r for sh in s.shards for r in (sh.dali_index,) if r] + \
-                    [r for r in (s.labels, s.keys, s.sums, s.content) if r]
+                    [r for r in s.per_sample_files() if r]
             for rec in [r for sh in s.shards for r in (sh.tar,)] + [p.file for p in s.ffcv_files()]:
                 verify_file(self.path(rec), rec, deep=deep)
             for rec in small:

@@ -14,6 +14,12 @@ Layout of one artifact (``<root>/<fingerprint[:16]>/``)::
     <split>/sums.npy             per-sample CRC-32s aligned to the split index (storage/sums.py)
     <split>/content.npy          CRC-32 of each sample's decoded pixels: what tells a changed sample
                                  from an unchanged one when the next version is written
+    <split>/sizes.npy            uint32 (count, 2): each sample's stored (height, width), by split index
+
+**Image statistics.** ``fields.image.stats`` (``ImageStats``) describes the train split's images
+as stored: per-channel pixel mean and std (0..1) and a size summary, taken by the shard stage's
+scan where each sample's pixels are decoded anyway; what a recipe sets its normalisation,
+channels and resolution from (``sluice.stages.data.stats.image_stats``).
 
 **Incremental versions.** A version written on top of a parent (``parent``) lists the parent's
 files it reuses with ``FileRecord.version`` = the parent directory that holds them (a sibling of
@@ -27,6 +33,7 @@ the label its files still carry. ``delta`` says what this version changed agains
 ``sums`` is an optional field of the split record, not a new schema version: an artifact written
 before it (no sums) stays readable, its samples unchecked (the loader warns once). A Sluice
 older than it refuses a manifest that has it (unknown field), rather than reading unchecked.
+``sizes`` and ``stats`` are optional the same way: None in an artifact written before them.
 """
 from __future__ import annotations
 
@@ -93,6 +100,7 @@ class SplitRecord(_Model):
     keys: FileRecord
     sums: FileRecord | None = None  # per-sample checksums (storage/sums.py); None: written before them
     content: FileRecord | None = None  # per-sample CRC-32 of the decoded pixels; None: written before it
+    sizes: FileRecord | None = None  # per-sample stored (height, width), uint32; None: written before it
     class_counts: list[int] = Field(default_factory=list)  # over live samples
     # Incremental versions: .beton files after ``ffcv`` (which then holds indices 0..), the indices
     # no backend may yield (removed from the source, or content changed), sorted, and relabels.
@@ -118,7 +126,12 @@ class SplitRecord(_Model):
             if sh.dali_index:
                 out.append(sh.dali_index)
         out += [p.file for p in self.ffcv_files()]
-        return out + [r for r in (self.labels, self.keys, self.sums, self.content) if r]
+        return out + [r for r in self.per_sample_files() if r]
+
+    def per_sample_files(self) -> list[FileRecord | None]:
+        """The small files aligned to the split index (labels, keys, checksums, content sums,
+        sizes), None where this split has no such file."""
+        return [self.labels, self.keys, self.sums, self.content, self.sizes]
 
 
 class Delta(_Model):
@@ -131,12 +144,44 @@ class Delta(_Model):
     written_bytes: int = 0  # bytes this version wrote (its own files, manifest excluded)
 
 
+class Spread(_Model):
+    """The smallest, median and largest of a per-sample quantity."""
+    min: int
+    median: float
+    max: int
+
+
+class SizeSummary(_Model):
+    """How big a split's stored images are: height, width, short side, and how many distinct
+    (height, width) pairs there are (1: a fixed shape)."""
+    height: Spread
+    width: Spread
+    short_side: Spread
+    distinct: int
+
+
+class ImageStats(_Model):
+    """A split's images as stored (after EXIF rotation, compositing, resizing and channel
+    conversion), over its live samples: what a recipe sets normalisation (``mean``, ``std``:
+    per channel, pixel values scaled to 0..1, over every pixel of every image, so a big image
+    weighs more than a small one), the model's input channels and its training resolution
+    (``sizes``) from."""
+    split: str = "train"
+    samples: int
+    pixels: int  # summed over the samples
+    channels: int
+    mean: list[float]
+    std: list[float]
+    sizes: SizeSummary
+
+
 class ImageFieldSpec(_Model):
     encoding: Literal["npy", "png", "jpg"]
     # Fixed (H, W, C) when every sample has it; None for variable sizes (jpg/png only).
     shape: tuple[int, int, int] | None
     dtype: Literal["uint8"] = "uint8"
     ffcv_field: Literal["ndarray", "rgb_image"]
+    stats: ImageStats | None = None  # the train split's; None: written before them, or no train samples
 
 
 class LabelFieldSpec(_Model):

@@ -7,13 +7,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from sluice.stages.data.sources.base import SOURCES
+from sluice.stages.data.sources.base import SOURCES, Source
 from sluice.storage.fingerprint import hash_obj
 
 Format = Literal["webdataset", "dali", "ffcv"]
 DEFAULT_MAX_PIXELS = 8192 * 8192  # 67 M pixels, 201 MB decoded as RGB
 _LATER_DEFAULTS = {"max_pixels": DEFAULT_MAX_PIXELS}  # ShardConfig fields added after version 0.2
 ALL_FORMATS: list[Format] = ["webdataset", "dali", "ffcv"]
+
+
+# Settings that only decide whether a source may be used at all (a damaged file, a lopsided
+# folder): the same samples land in the same splits either way, so no fingerprint holds them.
+_ACCEPTANCE = {"keep_damaged", "check_classes"}
+Encoding = Literal["npy", "png", "jpg"]
+# Encoded image formats by what their pixels went through: ``auto`` keeps lossless data lossless.
+LOSSY, LOSSLESS = ("jpg", "webp"), ("png", "bmp")
 
 
 class IngestConfig(BaseModel):
@@ -32,6 +40,9 @@ class IngestConfig(BaseModel):
     num_classes: int | None = Field(None, ge=1, description="labels must lie in [0, num_classes)")
     keep_damaged: bool = Field(False, description="shard the readable part of a damaged source file (a "
                                "truncated tar) instead of failing; the damage is recorded in the manifest")
+    check_classes: bool = Field(True, description="refuse an image folder with an empty class folder, or with a "
+                                "class too small for the split fractions (stages/data/split.py); false: shard "
+                                "it as it is (an empty folder keeps its label and gets no samples)")
 
     @field_validator("kind")
     @classmethod
@@ -47,20 +58,20 @@ class IngestConfig(BaseModel):
     def membership_fingerprint(self) -> str:
         """What decides a key's split (not ``limit``, which only decides which keys exist): two
         configs with the same one put every shared key in the same split."""
-        return hash_obj(self.model_dump(exclude={"source", "kind", "keep_damaged", "limit"}))
+        return hash_obj(self.model_dump(exclude={"source", "kind", "limit"} | _ACCEPTANCE))
 
     def split_fingerprint(self) -> str:
         """What, besides the source content, decides which sample lands in which split."""
-        # keep_damaged only decides whether a damaged source may be used at all: the same
-        # readable samples land in the same splits either way.
-        return hash_obj(self.model_dump(exclude={"source", "kind", "keep_damaged"}))
+        return hash_obj(self.model_dump(exclude={"source", "kind"} | _ACCEPTANCE))
 
 
 class ShardConfig(BaseModel):
     """How samples are encoded and cut into shards."""
     model_config = ConfigDict(extra="forbid")
 
-    encoding: Literal["npy", "png", "jpg"] = "npy"
+    encoding: Literal["auto", "npy", "png", "jpg"] = Field(
+        "auto", description="auto: jpg (the photos' own bytes kept) for a source of encoded images, png when "
+                            "most of them are lossless (PNG, BMP), npy for arrays (IDX, npz); see for_source")
     jpeg_quality: int = Field(90, ge=1, le=100)
     png_level: int = Field(1, ge=0, le=9)
     shard_samples: int = Field(5000, ge=1, description="samples per shard")
@@ -89,12 +100,48 @@ class ShardConfig(BaseModel):
             raise ValueError(f"image_size {list(self.image_size)} is more than max_pixels={self.max_pixels} pixels")
         return self
 
+    def for_source(self, source: "Source") -> "ShardConfig":
+        """This config with ``encoding: auto`` made concrete for ``source``: what the shard stage
+        fingerprints, writes and records, so an artifact made before ``auto`` existed (at the old
+        default, npy) is found again, and so is one made with the encoding ``auto`` picks.
+
+        The source declares what it holds from its listing (``Source.image_formats``: file or
+        tar member extensions, no byte read), rather than the first samples being sniffed: the
+        answer is the same whatever the order, ``limit`` or number of workers, and known before
+        anything is hashed. The rule:
+
+        * arrays (IDX, npz, ``.npy`` members), or a source that cannot tell: ``npy``, raw pixels;
+        * encoded images, most of them lossless (PNG, BMP: more than half): ``png``, so data that
+          was never lossy (scans, renders, masks, screenshots) is not made lossy by sharding;
+        * otherwise (JPEG, WebP, or a mix with at most half lossless): ``jpg``. A JPEG whose bytes
+          already decode to the stored pixels goes into the artifact as it is (no re-encoding,
+          ``SampleEncoder.members``), so a photo loses nothing more; the rest are re-encoded.
+
+        A file's extension may lie (a ``.jpg`` holding PNG bytes): it only steers this choice,
+        every sample is decoded by its content and re-encoded when its bytes are not in the
+        chosen format."""
+        if self.encoding != "auto":
+            return self
+        return self.model_copy(update={"encoding": auto_encoding(source.image_formats())})
+
     def content_fingerprint(self) -> str:
         """Only what changes the bytes written: not workers or progress bars. Options added
         later count only when set away from their default, so existing artifacts keep their
-        fingerprints."""
+        fingerprints. Take it of a resolved config (``for_source``): ``auto`` means nothing on
+        its own."""
         later = {k for k, v in _LATER_DEFAULTS.items() if getattr(self, k) == v}
         return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction", "incremental"} | later))
+
+
+def auto_encoding(formats: dict[str, int]) -> Encoding:
+    """``encoding: auto``'s choice from a source's sample counts by stored format (see
+    ``ShardConfig.for_source``)."""
+    lossy = sum(formats.get(f, 0) for f in LOSSY)
+    lossless = sum(formats.get(f, 0) for f in LOSSLESS)
+    arrays = sum(n for f, n in formats.items() if f not in LOSSY + LOSSLESS)
+    if lossy + lossless == 0 or arrays >= lossy + lossless:
+        return "npy"
+    return "png" if lossless > lossy else "jpg"
 
 
 class PrepareConfig(BaseModel):

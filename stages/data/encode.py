@@ -26,12 +26,19 @@ class SampleEncoder:
     source: Source
     config: ShardConfig
     num_classes: int | None
+    # The channels every sample is stored with when ``config.channels`` leaves them open: set by
+    # the stage after the scan (3 where gray and RGB photos mix, or photos vary in size), so the
+    # writers turn a gray photo into RGB instead of the scan quarantining the minority.
+    channels: int | None = None
 
     def prepare(self, s: RawSample) -> tuple[np.ndarray, int]:
         """Validated HWC uint8 pixels and the integer label, or SampleError saying why not."""
         label = to_label(s.label, self.num_classes)
         cfg = self.config
-        return decode_pixels(s, cfg.channels, cfg.image_size, cfg.max_pixels), label
+        pixels = decode_pixels(s, cfg.channels, cfg.image_size, cfg.max_pixels)
+        if self.channels == 3 and pixels.shape[2] == 1:  # exactly what the scan's RGB content CRC took
+            pixels = np.repeat(pixels, 3, axis=2)
+        return pixels, label
 
     def members(self, s: RawSample, pixels: np.ndarray, label: int, index: int) -> list[tuple[str, bytes]]:
         """The tar members of one sample: its image (passed through unchanged when the source's
@@ -86,7 +93,10 @@ def decode_pixels(s: RawSample, channels: int | None, size: tuple[int, int] | No
                   max_pixels: int | None = None) -> np.ndarray:
     """HxWxC uint8 pixels of a sample (decoding bytes if needed, resizing if asked). Pixel values
     are never changed silently: 16-bit images are scaled to 8 bits, anything else that is not
-    0..255 is refused, and an image above ``max_pixels`` is refused before it is decoded."""
+    0..255 is refused, and an image above ``max_pixels`` is refused before it is decoded. A
+    photo is upright as a viewer shows it (EXIF orientation applied), and transparency is
+    composited onto white (``on_white``): what the picture looks like, where dropping the alpha
+    channel would show whatever colour the transparent pixels happen to hold (often black)."""
     if s.array is not None:
         arr = np.asarray(s.array)
     elif s.encoded is not None:
@@ -104,7 +114,7 @@ def decode_pixels(s: RawSample, channels: int | None, size: tuple[int, int] | No
         raise SampleError(f"image shape {arr.shape} is not (H, W, C) with C in 1, 3")
     _check_pixels(arr.shape[1], arr.shape[0], max_pixels)
     if arr.shape[2] == 4:
-        arr = arr[:, :, :3]
+        arr = on_white(arr)
     if channels == 3 and arr.shape[2] == 1:
         arr = np.repeat(arr, 3, axis=2)
     elif channels == 1 and arr.shape[2] == 3:
@@ -148,8 +158,12 @@ def _decode_bytes(data: bytes, ext: str | None, channels: int | None, max_pixels
                 return _to_channels(arr.astype(np.uint8), channels)
             if im.mode == "F":
                 raise SampleError("floating-point pixels cannot be stored as 8 bits without changing them")
-            mode = "L" if channels == 1 or (channels is None and im.mode in ("L", "LA", "1")) else "RGB"
-            return np.asarray(im.convert(mode))
+            if _transparent(im):
+                gray = im.mode in ("L", "LA", "La", "1")
+                flat = on_white(np.asarray(im.convert("LA" if gray else "RGBA")))
+                im = Image.fromarray(flat[:, :, 0] if gray else flat)
+            mode = "L" if channels == 1 or (channels is None and im.mode in ("L", "1")) else "RGB"
+            return np.asarray(im.convert(mode))  # P, CMYK, YCbCr, LAB: to RGB; 1: to gray
     except Image.DecompressionBombError:  # PIL refuses it at open, before our own check
         limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
         ours = f"more than shard.max_pixels={max_pixels:,} and " if max_pixels and max_pixels < limit else ""
@@ -157,6 +171,19 @@ def _decode_bytes(data: bytes, ext: str | None, channels: int | None, max_pixels
                           "bomb?)") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise SampleError(f"cannot decode image ({ext or 'unknown format'}): {e}") from None
+
+
+def _transparent(im) -> bool:
+    """Whether a PIL image carries transparency: an alpha channel, or a transparent palette
+    entry or colour key (PNG's tRNS, GIF's transparency, kept in ``info``)."""
+    return im.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in im.info
+
+
+def on_white(arr: np.ndarray) -> np.ndarray:
+    """HxWx(C+1) uint8 pixels with alpha last, composited onto white: HxWxC, each value
+    ``round((v * a + 255 * (255 - a)) / 255)`` (opaque pixels unchanged, transparent ones white)."""
+    v, a = arr[:, :, :-1].astype(np.uint32), arr[:, :, -1:].astype(np.uint32)
+    return ((v * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
 
 
 def _from_16_bit(arr: np.ndarray) -> np.ndarray:
@@ -170,13 +197,14 @@ def _to_channels(arr: np.ndarray, channels: int | None) -> np.ndarray:
 
 def stored_as_is(data: bytes, encoding: str, pixels: np.ndarray) -> bool:
     """Whether ``data`` decodes, with no further step, to exactly ``pixels``: the wanted format,
-    8-bit gray or RGB as stored, upright (no EXIF rotation), the same size. Only then may the
+    8-bit gray or RGB as stored, opaque, upright (no EXIF rotation), the same size. Only then may the
     source's bytes go into the artifact unchanged; anything else is re-encoded from the pixels."""
     from PIL import Image
     try:
         with Image.open(io.BytesIO(data)) as im:
             gray = pixels.shape[2] == 1
             return (im.format == _PIL_FORMAT.get(encoding) and im.mode == ("L" if gray else "RGB")
+                    and "transparency" not in im.info
                     and im.size == (pixels.shape[1], pixels.shape[0])
                     and im.getexif().get(0x0112, 1) == 1)
     except Exception:  # noqa: BLE001 - undecidable: re-encode

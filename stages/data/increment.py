@@ -7,6 +7,10 @@ them), and only new and changed samples are encoded into new files. So every bac
 order, resume at any world size and per-sample state aligned to the index keep working, and a
 night writes bytes in proportion to what it brought.
 
+Sizes (``sizes.npy``) and the train split's statistics need no parent data: the scan decodes
+every sample of the source, so it sizes every live one and sums the pixels of exactly the live
+train samples (a parent written before sizes gets its live samples' sizes from this scan).
+
 By key, against the parent's live samples (``content.npy``: a CRC-32 of each sample's pixels):
 
 * a new key is appended (``Delta.added``);
@@ -39,6 +43,7 @@ from sluice.storage.paths import exists, join, read_bytes
 from sluice.storage.sums import SUMS_DTYPE
 
 CONTENT_NAME = "content.npy"
+SIZES_NAME = "sizes.npy"
 
 
 @dataclass
@@ -51,6 +56,9 @@ class SplitBase:
     keys: list[str] = field(default_factory=list)
     sums: np.ndarray = field(default_factory=lambda: np.zeros(0, SUMS_DTYPE))
     content: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    # (height, width) by index: the parent's, with every sample still live re-taken from this scan
+    # (so a parent written before sizes.npy gets them); (0, 0) for a removed sample never sized
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.uint32))
     removed: set[int] = field(default_factory=set)
     relabelled: dict[int, int] = field(default_factory=dict)  # index -> label its files carry
 
@@ -72,6 +80,7 @@ class Increment:
     new: dict[str, list[PlannedSample]]
     new_content: dict[str, list[int]]
     delta: Delta | None
+    new_sizes: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # aligned to ``new``
 
 
 def find_parent(out: str | os.PathLike, src: Source, ingest: IngestConfig,
@@ -129,7 +138,9 @@ def _load(parent: Parent, split: str) -> SplitBase:
         return SplitBase()
     content, sums = art.content(split), art.sums(split)
     assert content is not None and sums is not None  # checked by _incompatible
+    sizes = art.sizes(split)
     return SplitBase(
+        sizes=sizes.astype(np.uint32) if sizes is not None else np.zeros((s.count, 2), np.uint32),
         count=s.count,
         shards=[sh.model_copy(update={"tar": _reused(sh.tar, v),
                                       "dali_index": _reused(sh.dali_index, v) if sh.dali_index else None})
@@ -144,19 +155,21 @@ def plan(parent: Parent | None, found: ScanResult) -> Increment:
     """What to write: everything (no parent), or the delta against the parent's live samples."""
     if parent is None:
         return Increment({s: SplitBase() for s in SPLITS}, {s: found.good.get(s, []) for s in SPLITS},
-                         {s: found.content.get(s, []) for s in SPLITS}, None)
+                         {s: found.content.get(s, []) for s in SPLITS}, None,
+                         {s: found.sizes.get(s, []) for s in SPLITS})
     delta = Delta()
-    bases, new, new_content = {}, {}, {}
+    bases, new, new_content, new_sizes = {}, {}, {}, {}
     for split in SPLITS:
         base = _load(parent, split)
         live = {k: i for i, k in enumerate(base.keys) if i not in base.removed}
-        items, crcs = found.good.get(split, []), found.content.get(split, [])
-        add, add_crc, seen = [], [], set()
-        for g, crc in zip(items, crcs):
+        items, crcs, hws = found.good.get(split, []), found.content.get(split, []), found.sizes.get(split, [])
+        add, add_crc, add_hw, seen = [], [], [], set()
+        for g, crc, hw in zip(items, crcs, hws):
             i = live.get(g.key)
             if i is None:
                 add.append(g)
                 add_crc.append(crc)
+                add_hw.append(hw)
                 continue
             seen.add(i)
             if int(base.content[i]) != crc:  # same key, new pixels: the old sample is gone
@@ -164,7 +177,10 @@ def plan(parent: Parent | None, found: ScanResult) -> Increment:
                 delta.changed.append(g.key)
                 add.append(g)
                 add_crc.append(crc)
-            elif g.label != int(base.labels[i]):
+                add_hw.append(hw)
+                continue
+            base.sizes[i] = hw  # unchanged pixels: the same size, now known even to an older parent
+            if g.label != int(base.labels[i]):
                 stored = base.relabelled.get(i, int(base.labels[i]))
                 base.labels[i] = g.label
                 if g.label == stored:
@@ -179,5 +195,5 @@ def plan(parent: Parent | None, found: ScanResult) -> Increment:
         added = len(add) - sum(1 for g in add if g.key in live)
         if added:
             delta.added[split] = added
-        bases[split], new[split], new_content[split] = base, add, add_crc
-    return Increment(bases, new, new_content, delta)
+        bases[split], new[split], new_content[split], new_sizes[split] = base, add, add_crc, add_hw
+    return Increment(bases, new, new_content, delta, new_sizes)

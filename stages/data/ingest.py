@@ -1,5 +1,6 @@
 """Ingest: open the source an ``IngestConfig`` names (a named dataset, a path or a pattern),
-guessing its kind from the path for ``kind: auto``."""
+guessing its kind from the path for ``kind: auto``, and refuse one whose classes cannot all
+reach every split (``split.check_class_sizes``; an empty class folder: ``sources/folder.py``)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ from pathlib import Path
 from sluice.errors import SourceError
 from sluice.stages.data.config import IngestConfig
 from sluice.stages.data.sources import SOURCES, Source
+from sluice.stages.data.split import check_class_sizes
 from sluice.storage.manifest import SourceRecord
 
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
@@ -46,6 +48,7 @@ def open_source(config: IngestConfig | str) -> Source:
     src = SOURCES.get(kind).open(spec, cfg, class_names)
     if sum(src.split_sizes().values()) == 0:
         raise SourceError(f"source {spec} is empty: no samples found")
+    check_class_sizes(src, cfg)
     return src
 
 

@@ -1,6 +1,6 @@
 """A written dataset version's record: the per-sample arrays aligned to each split's index
-(labels, keys, checksums, content sums: the base version's, then the new samples') and the
-manifest, written last, which makes the version visible. The shard stage calls it once every
+(labels, keys, checksums, content sums, sizes: the base version's, then the new samples'), the
+train split's image statistics, and the manifest, written last, which makes the version visible. The shard stage calls it once every
 shard and .beton of the run is published (``stages/data/shard.py``).
 """
 from __future__ import annotations
@@ -16,9 +16,10 @@ from sluice.stages.data.formats.ffcv import FAILED as FFCV_FAILED
 from sluice.stages.data.formats.ffcv import SUMS as FFCV_SUMS
 from sluice.stages.data.formats.ffcv import FfcvWriter, ffcv_field_kind
 from sluice.stages.data.formats.tar import ShardWritten
-from sluice.stages.data.increment import CONTENT_NAME, Increment
+from sluice.stages.data.increment import CONTENT_NAME, SIZES_NAME, Increment
 from sluice.stages.data.ingest import source_record
 from sluice.stages.data.scan import SCAN_FILE, ScanResult
+from sluice.stages.data.stats import image_stats_of
 from sluice.storage import atomic
 from sluice.storage.fingerprint import hash_obj, sha256_file
 from sluice.storage.manifest import (MAX_ANCESTORS, SPLITS, DamageRecord, FfcvPart, FieldSpecs, FileRecord,
@@ -102,13 +103,16 @@ def _record_split(run: ShardRun, split: str, written: list[ShardWritten]) -> Spl
     new_sums = make_sums(len(items), [c for r in written for c in r.sums] if written else None, ffcv_sums)
     _save_npy(sums_path, np.concatenate([base.sums, new_sums]))
     _save_npy(content_path, np.concatenate([base.content, np.array(run.inc.new_content.get(split, []), np.uint32)]))
+    sizes_path = d / SIZES_NAME
+    new_sizes = np.array(run.inc.new_sizes.get(split, []), np.uint32).reshape(-1, 2)
+    _save_npy(sizes_path, np.concatenate([base.sizes, new_sizes]))
     live = np.ones(count, bool)
     live[sorted(base.removed)] = False
     counts = np.bincount(labels[live], minlength=ncls or 0).tolist() if live.any() else [0] * (ncls or 0)
     return SplitRecord(count=count, shards=shards, ffcv=ffcv_parts[0].file if ffcv_parts else None,
                        ffcv_parts=ffcv_parts[1:], labels=_record(work, lab_path),
                        keys=_record(work, key_path), sums=_record(work, sums_path),
-                       content=_record(work, content_path), class_counts=counts,
+                       content=_record(work, content_path), sizes=_record(work, sizes_path), class_counts=counts,
                        removed=sorted(base.removed),
                        relabelled=[Relabel(index=i, stored=v) for i, v in sorted(base.relabelled.items())])
 
@@ -121,7 +125,8 @@ def _manifest(run: ShardRun, identity: VersionIdentity, splits: dict[str, SplitR
         max((g.label for items in found.good.values() for g in items), default=0) + 1
     fields = FieldSpecs(
         image=ImageFieldSpec(encoding=cfg.encoding, shape=found.shape,
-                             ffcv_field=ffcv_field_kind(cfg, found.shape)),
+                             ffcv_field=ffcv_field_kind(cfg, found.shape),
+                             stats=image_stats_of(found.sizes.get("train", []), found.totals.get("train", []))),
         label=LabelFieldSpec(num_classes=num_classes, class_names=src.class_names()))
     files = [f for s in splits.values() for f in s.files()]
     delta = run.inc.delta

@@ -1,10 +1,12 @@
 """The sharding stage: a source becomes a versioned dataset artifact.
 
 Every split is written as WebDataset tar shards (with a DALI index per shard) and one FFCV
-``.beton``, plus ``labels.npy``, ``keys.txt`` and ``sums.npy`` (per-sample checksums of the bytes
-each format stores, ``storage/sums.py``) aligned to the split index. The artifact lives in
-``<out>/<fingerprint[:16]>/`` where the fingerprint hashes the source's content and the config,
-so re-running with the same inputs is a no-op and new data gets a new version.
+``.beton``, plus ``labels.npy``, ``keys.txt``, ``sums.npy`` (per-sample checksums of the bytes
+each format stores, ``storage/sums.py``) and ``sizes.npy`` aligned to the split index; the
+manifest holds the train split's image statistics (``stages/data/stats.py``). The artifact lives
+in ``<out>/<fingerprint[:16]>/`` where the fingerprint hashes the source's content and the
+config (``encoding: auto`` made concrete for the source first, ``ShardConfig.for_source``), so
+re-running with the same inputs is a no-op and new data gets a new version.
 
 Two passes keep indices stable while writing in parallel: a scan (``scan``) finds which samples
 are usable (quarantining the rest) and fixes every sample's split index; then shards are written
@@ -130,9 +132,9 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
     likes (a Prefect task runner, a Dask cluster whose workers see the same filesystem paths).
     """
     t0 = time.perf_counter()
-    cfg = config or ShardConfig()
     ingest = IngestConfig(source=ingest) if isinstance(ingest, str) else ingest
     src = open_source(ingest)
+    cfg = (config or ShardConfig()).for_source(src)  # encoding: auto made concrete before any hash
     source_fp = src.fingerprint()
     whole = dataset_fingerprint(source_fp, ingest, cfg)
     with _no_gc(out):  # gc waits: a version found here, or a parent written on, must stay
@@ -205,6 +207,7 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
         with _bar(sum(len(v) for v in splits.values()), "checking samples", cfg.progress) as advance:
             found = scan(encoder, splits, work, workers, advance)
         check_bad(found, cfg, work if fresh else None)
+        encoder.channels = found.channels  # gray turned RGB by every writer, where the scan said so
         if parent is not None and parent.manifest.fields.image.shape != found.shape:
             refused = (f"the newest version {parent.version} holds images of shape "
                        f"{parent.manifest.fields.image.shape}, the source now {found.shape}; this version was "
@@ -216,7 +219,8 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
         ffcv.start(background=bool(tasks) and workers > 1)
         try:
             if map_shards is not None and tasks:
-                spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json")}
+                spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json"),
+                        "channels": encoder.channels}
                 results = [ShardWritten(**r) for r in map_shards(spec, [asdict(t) for t in tasks])]
             else:
                 results = []
@@ -248,12 +252,12 @@ def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
     """Write one planned shard in any process: the source is opened once per process from the
     spec (so a remote worker needs the same paths), then the shard is written as usual."""
     ingest = IngestConfig.model_validate(spec["ingest"])
-    cfg = ShardConfig.model_validate(spec["shard"])
-    key = ingest.model_dump_json() + cfg.model_dump_json()
+    cfg = ShardConfig.model_validate(spec["shard"])  # resolved: never ``auto`` here
+    key = ingest.model_dump_json() + cfg.model_dump_json() + repr(spec.get("channels"))
     if key not in _OPENED:
         _OPENED.clear()
         src = open_source(ingest)
-        _OPENED[key] = SampleEncoder(src, cfg, src.num_classes())
+        _OPENED[key] = SampleEncoder(src, cfg, src.num_classes(), spec.get("channels"))
     return asdict(write_tar_shard(_OPENED[key], ShardTask.from_dict(task)))
 
 

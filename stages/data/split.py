@@ -11,7 +11,9 @@ reshuffled membership.
 from __future__ import annotations
 
 import hashlib
+import math
 
+from sluice.errors import SourceError
 from sluice.stages.data.config import IngestConfig
 from sluice.stages.data.sources.base import Source
 
@@ -54,3 +56,52 @@ def plan_splits(src: Source, cfg: IngestConfig) -> SplitPlan:
     if has_test:
         plan["test"] = [("test", i) for i in range(sizes["test"])]
     return plan
+
+
+def split_fractions(cfg: IngestConfig, has_test: bool) -> dict[str, float]:
+    """The share of the source's train split each of our splits but train draws, by setting
+    name (the source's own test split, when it has one, stays test: no fraction)."""
+    out = {"val_fraction": cfg.val_fraction, "holdout_fraction": cfg.holdout_fraction}
+    if not has_test:
+        out["test_fraction"] = cfg.test_fraction
+    return out
+
+
+def min_class_size(cfg: IngestConfig, has_test: bool) -> int:
+    """The fewest images a class needs so that each split with a nonzero fraction f expects at
+    least one of them: ``max(2, ceil(1 / smallest f))``; 1 when no split draws from train."""
+    fractions = [f for f in split_fractions(cfg, has_test).values() if f > 0]
+    return max(2, math.ceil(1 / min(fractions) - 1e-9)) if fractions else 1
+
+
+def check_class_sizes(src: Source, cfg: IngestConfig) -> None:
+    """Refuse a source (one that knows its classes' sizes from its listing: an image folder)
+    with a class too small for the split fractions, naming the class, its count, the
+    fractions and the settings to change.
+
+    A sample's split is drawn from a hash of its key (``split_of``), independently of every
+    other sample, so a class of n images puts on average n * f of them in a split of fraction f,
+    and none at all with probability (1 - f)^n: with n < 1 / f that split most likely never
+    sees the class (validation then cannot tell whether the model learnt it). Counted over the
+    source's train split before ``limit`` (a quick run's cut says nothing about the data)."""
+    counts = src.class_counts()
+    if not cfg.check_classes or counts is None:
+        return
+    has_test = "test" in src.split_sizes()
+    need = min_class_size(cfg, has_test)
+    small = {c: n for c, n in counts.items() if n < need}
+    if not small:
+        return
+    fractions = {k: f for k, f in split_fractions(cfg, has_test).items() if f > 0}
+    f = min(fractions.values())
+    worst = min(small, key=lambda c: small[c])
+    listed = ", ".join(f"{c!r} ({n})" for c, n in sorted(small.items(), key=lambda kv: (kv[1], kv[0]))[:10])
+    more = f" and {len(small) - 10} more" if len(small) > 10 else ""
+    settings = ", ".join(f"{k}={v:g}" for k, v in fractions.items())
+    raise SourceError(
+        f"{src.uri}: {len(small)} class(es) have fewer than {need} images in the train split: {listed}{more}. "
+        f"Each sample's split is drawn from a hash of its key, so with {settings} a split of fraction {f:g} "
+        f"expects {small[worst] * f:.2g} of class {worst!r}'s {small[worst]} images and gets none with "
+        f"probability {(1 - f) ** small[worst]:.0%}. Add images (at least {need} per class), merge or remove "
+        f"the class, set ingest.{min(fractions, key=fractions.get)} to 0 (or raise it: a class needs "
+        "ceil(1 / fraction) images), or set ingest.check_classes=false to shard it anyway")

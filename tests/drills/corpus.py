@@ -42,8 +42,10 @@ DRILLS: dict[str, Drill] = {d_id: Drill(*d) for d_id, d in {
     "image-16-bit-png": ("image", "a 16-bit grayscale PNG", "scaled to 8 bits (every level kept in order), never saturated"),
     "image-exif-rotated": ("image", "a PNG with EXIF orientation 6", "stored upright, as a viewer shows it"),
     "image-cmyk-jpeg": ("image", "a CMYK JPEG", "converted to RGB"),
-    "image-palette-alpha": ("image", "a palette PNG with transparency, an RGBA PNG", "stored as 3-channel RGB"),
-    "image-gray-among-rgb": ("image", "one RGB image among grayscale ones (or the reverse)", "quarantined; the reason names shard.channels"),
+    "image-palette-alpha": ("image", "a palette PNG with transparency, an RGBA PNG", "composited onto white, stored as 3-channel RGB"),
+    "image-gray-among-rgb": ("image", "one RGB image among grayscale ones (or the reverse)", "every image stored as RGB; none quarantined"),
+    "folder-empty-class": ("image", "a class folder without images (empty, or only .heic files)", "refused naming the folder and what it holds; ingest.check_classes=false keeps it"),
+    "folder-tiny-class": ("image", "a class of 4 images with val_fraction 0.1", "refused naming the class, its count, the fractions and the settings"),
     "image-png-named-jpg": ("image", "PNG bytes in a .jpg file", "decoded by content and kept"),
     "image-odd-names": ("image", "unicode, spaces and a 1x1 image", "kept with a tar-safe unique key"),
     # labels and members of a WebDataset tar (one tar sharded once)

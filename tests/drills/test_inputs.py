@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corpus import CLASSES, gray_folder, image_folder, idx_bytes, label_tar, rgb, smooth_rgb, tar_of
+from corpus import CLASSES, encode, gray_folder, image_folder, idx_bytes, label_tar, rgb, smooth_rgb, tar_of
 from sluice.errors import ArtifactError, LoaderError, SourceError
 from sluice.stages.data.config import IngestConfig, ShardConfig
 from sluice.stages.data.shard import shard_dataset
@@ -78,17 +78,20 @@ def grays(tmp_path_factory):
 @pytest.mark.drill("image-16-bit-png")
 def test_16_bit_png_is_scaled_not_saturated(grays):
     _, art, _ = grays
-    px = _pixels(art, "a_deep").ravel()
+    px = _pixels(art, "a_deep")  # RGB, as the one colour image among them makes every image
+    assert (px == px[:, :, :1]).all()
     src = np.arange(256) * 257  # every 16-bit level the file holds
-    assert np.array_equal(px, np.round(src * 255 / 65535).astype(np.uint8))  # 256 levels, in order
+    assert np.array_equal(px[:, :, 0].ravel(), np.round(src * 255 / 65535).astype(np.uint8))  # 256 levels, in order
 
 
 @pytest.mark.drill("image-gray-among-rgb")
-def test_rgb_among_gray_is_quarantined_naming_the_channel_setting(grays):
+def test_rgb_among_gray_makes_every_image_rgb_and_loses_none(grays):
     files, art, quarantine = grays
-    (q,) = quarantine.values()
-    assert q.where == str(files["image-gray-among-rgb"]) and "set shard.channels=1" in q.reason
-    assert len(art.keys("train")) == 13  # every gray one kept, the 16-bit one included
+    assert not quarantine and art.manifest.fields.image.shape == (16, 16, 3)
+    assert len(art.keys("train")) == 14  # every gray one kept, the 16-bit one and the colour one too
+    assert np.array_equal(_pixels(art, "b_colour"), rgb(3))
+    gray = _pixels(art, "b_gray3")
+    assert np.array_equal(gray, np.full((16, 16, 3), 30, np.uint8))  # gray as three equal planes
 
 
 @pytest.mark.drill("image-exif-rotated")
@@ -105,12 +108,21 @@ def test_cmyk_jpeg_becomes_rgb(images):
 
 
 @pytest.mark.drill("image-palette-alpha")
-def test_palette_and_alpha_images_become_rgb(images):
+def test_palette_and_alpha_images_are_composited_onto_white(images):
     from PIL import Image
     _, art, _, _ = images
-    pal = np.asarray(Image.fromarray(rgb(6)).convert("P", palette=Image.ADAPTIVE, colors=16).convert("RGB"))
-    assert np.array_equal(_pixels(art, "a_palette"), pal)
-    assert np.array_equal(_pixels(art, "a_rgba"), rgb(8))
+
+    def on_white(rgba: np.ndarray) -> np.ndarray:
+        a = rgba[:, :, 3:].astype(np.float64) / 255
+        return np.rint(rgba[:, :, :3] * a + 255 * (1 - a)).astype(np.uint8)
+    pal = Image.fromarray(rgb(6)).convert("P", palette=Image.ADAPTIVE, colors=16)
+    index = np.asarray(pal)
+    pal.info["transparency"] = 0
+    want = on_white(np.asarray(pal.convert("RGBA")))
+    assert (index == 0).any() and (want[index == 0] == 255).all()  # the transparent entry: white
+    assert np.array_equal(_pixels(art, "a_palette"), want)
+    # alpha 9 of 255: nearly transparent, so nearly white (not the colours under the alpha)
+    assert np.array_equal(_pixels(art, "a_rgba"), on_white(np.dstack([rgb(8), np.full((16, 16), 9, np.uint8)])))
 
 
 @pytest.mark.drill("image-png-named-jpg", "image-odd-names")
@@ -120,6 +132,40 @@ def test_png_named_jpg_and_odd_names_are_kept(images):
     keys = art.keys("train")
     assert "b_mlaut_n_me_1" in keys or any(k.startswith("b_") and "me" in k and "1" in k for k in keys)
     assert _pixels(art, "b_tiny").shape == (1, 1, 3)
+
+
+@pytest.mark.drill("folder-empty-class")
+def test_a_class_folder_without_images_is_refused_naming_it(tmp_path):
+    for c in CLASSES:
+        (tmp_path / "src" / c).mkdir(parents=True)
+        for i in range(4):
+            (tmp_path / "src" / c / f"{i}.png").write_bytes(encode(rgb(i)))
+    (tmp_path / "src" / "c").mkdir()
+    (tmp_path / "src" / "d").mkdir()
+    (tmp_path / "src" / "d" / "IMG_0001.HEIC").write_bytes(b"a format the folder source does not read")
+    with pytest.raises(SourceError) as e:
+        shard_dataset(IngestConfig(source=str(tmp_path / "src"), **ALL), tmp_path / "out", ShardConfig(**QUIET))
+    assert f"{tmp_path / 'src' / 'c'}: no files" in str(e.value)
+    assert f"{tmp_path / 'src' / 'd'}: no images, but 1 other file(s) (1 .heic)" in str(e.value)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
+    s = shard_dataset(IngestConfig(source=str(tmp_path / "src"), check_classes=False, **ALL), tmp_path / "out",
+                      ShardConfig(**QUIET))
+    assert s.manifest.counts()["train"] == 8 and s.manifest.fields.label.class_names == ["a", "b", "c", "d"]
+
+
+@pytest.mark.drill("folder-tiny-class")
+def test_a_class_too_small_for_the_split_fractions_is_refused_naming_it(tmp_path):
+    for c, n in (("a", 40), ("b", 4)):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        for i in range(n):
+            (tmp_path / "src" / c / f"{i}.png").write_bytes(encode(rgb(i)))
+    with pytest.raises(SourceError) as e:
+        shard_dataset(IngestConfig(source=str(tmp_path / "src"), val_fraction=0.1, holdout_fraction=0,
+                                   test_fraction=0), tmp_path / "out", ShardConfig(**QUIET))
+    msg = str(e.value)
+    assert "'b' (4)" in msg and "fewer than 10 images" in msg and "val_fraction=0.1" in msg
+    assert "ingest.val_fraction to 0" in msg and "check_classes=false" in msg
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
 
 
 # ------------------------------------------------------------------ a WebDataset tar

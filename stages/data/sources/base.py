@@ -74,7 +74,7 @@ class RawSample:
     where: str  # file (and position) it came from, for error messages
     array: np.ndarray | None = None
     encoded: bytes | None = None
-    encoded_ext: str | None = None  # 'jpg' / 'png' / 'npy' when ``encoded`` is set
+    encoded_ext: str | None = None  # 'jpg' / 'png' / 'webp' / 'bmp' / 'npy' when ``encoded`` is set
 
 
 class Source:
@@ -113,6 +113,19 @@ class Source:
 
     def class_names(self) -> list[str]:
         return []
+
+    def image_formats(self) -> dict[str, int]:
+        """How many samples the source holds in each stored format (``jpg``, ``png``, ``webp``,
+        ``bmp``, ``npy``; ``array`` for pixels in memory), from its listing alone: what
+        ``encoding: auto`` decides on (``ShardConfig.for_source``). Empty (the default, for a
+        source that cannot tell): npy, the encoding every source got before ``auto``."""
+        return {}
+
+    def class_counts(self) -> dict[str, int] | None:
+        """Images per class name in the source's train split, from its listing alone (no
+        sample read), for the check that every class can reach every split
+        (``split.check_class_sizes``); None when the source cannot tell without reading."""
+        return None
 
     def fingerprint(self) -> str:
         raise NotImplementedError
@@ -162,3 +175,6 @@ class ArraySource(Source):
 
     def class_names(self) -> list[str]:
         return list(self._class_names)
+
+    def image_formats(self) -> dict[str, int]:
+        return {"array": sum(self.split_sizes().values())}

@@ -26,6 +26,13 @@ def expand_braces(pattern: str) -> list[str]:
     return [e for it in items for e in expand_braces(pre + it + post)]
 
 BLOCK = 512
+# image member extension -> the format its bytes are announced as, in order of preference
+IMAGE_MEMBERS = {"jpg": "jpg", "jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "npy": "npy"}
+
+
+def _image_ext(members: dict) -> str | None:
+    """The sample's image member: the first of ``IMAGE_MEMBERS`` it has."""
+    return next((e for e in IMAGE_MEMBERS if e in members), None)
 
 
 def index_tar(path: Path) -> tuple[list[tuple[str, dict[str, tuple[int, int]]]], str | None]:
@@ -137,10 +144,10 @@ class WebDatasetSource(Source):
     def load(self, split: str, i: int) -> RawSample:
         tar, key, members = self._index[split][i]
         where = f"{tar}:{key}"
-        img_ext = next((e for e in ("jpg", "jpeg", "png", "npy") if e in members), None)
+        img_ext = _image_ext(members)
         lab_ext = next((e for e in self.label_exts if e in members), None)
         if img_ext is None:
-            raise SampleError(f"no image member (.jpg/.png/.npy) among {sorted(members)}")
+            raise SampleError(f"no image member ({'/'.join('.' + e for e in IMAGE_MEMBERS)}) among {sorted(members)}")
         if lab_ext is None:
             raise SampleError(f"no label member (.cls) among {sorted(members)}")
         with open(tar, "rb") as f:
@@ -156,11 +163,20 @@ class WebDatasetSource(Source):
             label: object = lab.decode().strip()
         except UnicodeDecodeError:
             label = lab
-        ext = {"jpeg": "jpg"}.get(img_ext, img_ext)
+        ext = IMAGE_MEMBERS[img_ext]
         return RawSample(key=sanitize_key(key), label=label, encoded=img, encoded_ext=ext, where=where)
 
     def num_classes(self) -> int | None:
         return self._num_classes
+
+    def image_formats(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for items in self._index.values():
+            for _, _, members in items:
+                ext = _image_ext(members)
+                if ext is not None:
+                    found[IMAGE_MEMBERS[ext]] = found.get(IMAGE_MEMBERS[ext], 0) + 1
+        return found
 
     def class_names(self) -> list[str]:
         return []
