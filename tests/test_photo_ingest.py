@@ -22,6 +22,7 @@ from conftest import write_images
 from sluice.errors import SourceError
 from sluice.stages.data import fashion_photos as fp
 from sluice.stages.data.config import IngestConfig, ShardConfig, auto_encoding
+from sluice.stages.data.formats import beton
 from sluice.stages.data.ingest import open_source
 from sluice.stages.data.shard import shard_dataset
 from sluice.stages.data.sources.base import sanitize_key
@@ -325,6 +326,17 @@ def test_auto_chooses_by_what_the_source_holds(tmp_path):
 
 
 # ------------------------------------------------------------------ readers
+
+def test_beton_pages_are_sized_to_the_photos(art):
+    for split, rec in art.manifest.splits.items():
+        if rec.ffcv is None:
+            continue
+        header = beton.read_layout(str(art.local(rec.ffcv)))[0]
+        sizes = art.sizes(split)
+        largest = max(beton.jpeg_bound(int(h), int(w)) for h, w in sizes) + max(len(k) for k in art.keys(split))
+        assert int(header["page_size"]) == beton.page_size_for_largest(largest, exact=False) < beton.VARIABLE_PAGE_SIZE
+        assert rec.ffcv.bytes < 2 * int(header["page_size"]) + 64 * rec.count * 1024  # no 8 MiB pages of padding
+
 
 @pytest.mark.parametrize("backend", ["webdataset", "ffcv"])
 def test_the_photos_read_with_a_random_resized_crop(art, backend):

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 from sluice.errors import ShardError, SluiceError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.data.encode import SampleEncoder
+from sluice.stages.data.formats import beton
 from sluice.stages.data.formats.ffcv import FfcvWriter
 from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, write_tar_shard
 from sluice.stages.data.increment import Increment, Parent, find_parent
@@ -215,7 +216,8 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
             parent, identity = None, replace(identity, parent=None, ancestors=[], refused=refused)
         inc = plan_increment(parent, found)
         tasks = _shard_tasks(encoder, inc, work) if "webdataset" in cfg.formats else []
-        ffcv = FfcvWriter(work, inc.new, encoder, found.shape, {s: b.count for s, b in inc.bases.items()})
+        ffcv = FfcvWriter(work, inc.new, encoder, found.shape, {s: b.count for s, b in inc.bases.items()},
+                          page_bytes=_largest_samples(inc, cfg, found.shape))
         ffcv.start(background=bool(tasks) and workers > 1)
         try:
             if map_shards is not None and tasks:
@@ -259,6 +261,23 @@ def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
         src = open_source(ingest)
         _OPENED[key] = SampleEncoder(src, cfg, src.num_classes(), spec.get("channels"))
     return asdict(write_tar_shard(_OPENED[key], ShardTask.from_dict(task)))
+
+
+def _largest_samples(inc: Increment, cfg: ShardConfig, shape) -> dict[str, int]:
+    """Per split, an upper bound of the bytes the .beton stores for its largest new sample
+    (image and key), so variable-size photos get pages sized to them rather than FFCV's 8 MiB
+    default (``beton.page_size_for``): from each sample's stored size (the scan's), as raw RGB
+    or as the largest JPEG libjpeg-turbo can make of it (``beton.jpeg_bound``)."""
+    if shape is not None:
+        return {}
+    out = {}
+    for split, hws in inc.new_sizes.items():
+        if not hws:
+            continue
+        key = max(len(g.key.encode()) for g in inc.new[split])
+        image = max(beton.jpeg_bound(h, w) if cfg.encoding == "jpg" else 3 * h * w for h, w in hws)
+        out[split] = image + key
+    return out
 
 
 def _samples_per_shard(encoder: SampleEncoder, good: dict[str, list[PlannedSample]]) -> int:

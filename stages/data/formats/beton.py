@@ -129,13 +129,37 @@ def metadata_type(fields: Sequence[Field]) -> np.dtype:
 
 
 def page_size_for(sample_bytes: int | None, small: bool = False) -> int:
-    """At least four samples to a page; variable-size samples (``None``) get 8 MiB pages.
+    """At least four samples to a page; variable-size samples (``None``) get 8 MiB pages, as
+    FFCV's own writer gives them (the shard stage sizes them with ``page_size_for_largest``).
     ``small``: from ``PART_PAGE_SIZE`` (a later version's part of a few new samples, where a
     2 MiB page and the padding to its boundary would outweigh the samples themselves)."""
-    page = (PART_PAGE_SIZE if small else MIN_PAGE_SIZE) if sample_bytes else 4 * MIN_PAGE_SIZE
+    page = (PART_PAGE_SIZE if small else MIN_PAGE_SIZE) if sample_bytes else VARIABLE_PAGE_SIZE
     while page < 4 * (sample_bytes or 0):
         page *= 2
     return page
+
+
+VARIABLE_PAGE_SIZE = 4 * MIN_PAGE_SIZE  # FFCV's default page, 8 MiB: variable-size samples of unknown size
+
+
+def jpeg_bound(height: int, width: int) -> int:
+    """The most bytes a JPEG of a ``height`` x ``width`` RGB image can take: libjpeg-turbo's
+    ``tjBufSize`` at 4:4:4, its worst subsampling (blocks padded to 8 px, 6 bytes a pixel, 2 KiB
+    of headers; a noisy image at high quality can exceed its raw size)."""
+    return (-(-width // 8) * 8) * (-(-height // 8) * 8) * 6 + 2048
+
+
+def page_size_for_largest(largest: int, exact: bool) -> int:
+    """A page for variable-size samples whose largest stores at most ``largest`` bytes: the
+    smallest power of two that holds it, at least ``PART_PAGE_SIZE``. FFCV's reader needs only a
+    power of two that holds every sample (its writer's 2 MiB minimum is for huge pages; the
+    pages are read through the page cache), so 300 small photos no longer pad each split to two
+    8 MiB pages. An upper bound (``exact`` false: ``jpeg_bound``, often 20x the real JPEG) is
+    capped at FFCV's default 8 MiB, so large photos never get pages larger than before."""
+    page = PART_PAGE_SIZE
+    while page < largest:
+        page *= 2
+    return page if exact else min(page, max(VARIABLE_PAGE_SIZE, PART_PAGE_SIZE))
 
 
 class _Pages:

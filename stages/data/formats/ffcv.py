@@ -61,10 +61,16 @@ def ffcv_field_kind(cfg: ShardConfig, shape: tuple[int, int, int] | None) -> str
     return "rgb_image" if rgb and (cfg.encoding == "jpg" or shape is None) else "ndarray"
 
 
-def _write_ffcv(path: Path, items: list[PlannedSample], encoder: SampleEncoder, shape, first_index: int = 0) -> None:
-    """One split's .beton (its records' ``index`` from ``first_index``), published atomically."""
+def _write_ffcv(path: Path, items: list[PlannedSample], encoder: SampleEncoder, shape, first_index: int = 0,
+                largest: int | None = None) -> None:
+    """One split's .beton (its records' ``index`` from ``first_index``), published atomically.
+    ``largest``: for variable-size images, a bound of the bytes the largest sample stores (image
+    and key), which sizes the pages; without it they get FFCV's default 8 MiB."""
     fields = _ffcv_fields(encoder.config, shape)
-    page = beton.page_size_for(int(np.prod(shape)) if shape else None, small=first_index > 0)
+    if shape is None and largest:
+        page = beton.page_size_for_largest(largest, exact=encoder.config.encoding != "jpg")
+    else:
+        page = beton.page_size_for(int(np.prod(shape)) if shape else None, small=first_index > 0)
 
     with atomic.atomic_path(path) as tmp:
         with open(tmp, "w+b") as fp:
@@ -86,9 +92,10 @@ class FfcvWriter:
     after it. ``finish`` waits for the child and raises its error; ``abort`` kills it."""
 
     def __init__(self, work: Path, good: dict[str, list[PlannedSample]], encoder: SampleEncoder, shape,
-                 first_index: dict[str, int] | None = None):
+                 first_index: dict[str, int] | None = None, page_bytes: dict[str, int] | None = None):
         self.work, self.good, self.encoder, self.cfg = work, good, encoder, encoder.config
         self.shape = shape
+        self.page_bytes = page_bytes or {}  # per split: the largest sample's bytes (a bound), for the pages
         self.first = first_index or {}  # per split: the split index of good[split][0] (a later version's part)
         self.proc: mp.Process | None = None
         self.conn = None
@@ -109,7 +116,8 @@ class FfcvWriter:
         try:
             for split in self.todo():
                 (self.work / split).mkdir(parents=True, exist_ok=True)
-                _write_ffcv(self.path(split), self.good[split], self.encoder, self.shape, self.first.get(split, 0))
+                _write_ffcv(self.path(split), self.good[split], self.encoder, self.shape, self.first.get(split, 0),
+                            self.page_bytes.get(split))
         except BaseException as e:  # noqa: BLE001 - reported to the parent through the pipe
             with contextlib.suppress(Exception):
                 conn.send(str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
