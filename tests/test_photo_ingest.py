@@ -338,6 +338,27 @@ def test_beton_pages_are_sized_to_the_photos(art):
         assert rec.ffcv.bytes < 2 * int(header["page_size"]) + 64 * rec.count * 1024  # no 8 MiB pages of padding
 
 
+def test_the_beton_holds_the_very_jpeg_bytes_the_tar_shards_hold(art):
+    """No second encoding for FFCV: each sample's .beton JPEG is the tar's (the photo's own bytes
+    where they were kept), so every backend decodes the same image."""
+    stored = _stored(art)
+    by_index = {(split, i): data for split, i, data in stored.values()}
+    checked = 0
+    for split, rec in art.manifest.splits.items():
+        if rec.ffcv is None:
+            continue
+        path = art.local(rec.ffcv)
+        _, _, meta, alloc = beton.read_layout(str(path))
+        image = meta[meta.dtype.names[0]]
+        raw = np.memmap(path, np.uint8, mode="r")
+        size_at = dict(zip(alloc["ptr"].tolist(), alloc["size"].tolist()))
+        for k in range(len(meta)):
+            p = int(image["data_ptr"][k])
+            assert bytes(raw[p:p + size_at[p]]) == by_index[(split, k)], (split, k)
+            checked += 1
+    assert checked == len(stored)
+
+
 @pytest.mark.parametrize("backend", ["webdataset", "ffcv"])
 def test_the_photos_read_with_a_random_resized_crop(art, backend):
     if backend == "ffcv" and importlib.util.find_spec("ffcv") is None:

@@ -92,8 +92,9 @@ class NDArrayField:
 
 @dataclass(frozen=True)
 class RGBImageField:
-    """An RGB image (FFCV's ``RGBImageField``, type 2), stored raw or as JPEG (``mode``); the
-    JPEG is OpenCV's, as FFCV's own writer makes it."""
+    """An RGB image (FFCV's ``RGBImageField``, type 2), stored raw or as JPEG (``mode``): the JPEG
+    the tar shards hold where it is given (a photo's own bytes, kept), else OpenCV's, as FFCV's
+    own writer makes it."""
     mode: str = "raw"
     jpeg_quality: int = 90
     type_id = 2
@@ -102,12 +103,19 @@ class RGBImageField:
     def arguments(self) -> bytes:
         return b""
 
-    def encode(self, record: np.ndarray, image: np.ndarray, malloc) -> None:
+    def encode(self, record: np.ndarray, image: np.ndarray | tuple[np.ndarray, bytes], malloc) -> None:
+        """``image``: its pixels, or (pixels, the JPEG bytes they decode from): in ``jpg`` mode
+        those bytes are stored as they are (the tar shards' own, so every backend reads the same
+        JPEG), unless they exceed ``jpeg_bound`` (a photo carrying large metadata), which the
+        page size was chosen for; then the pixels are encoded afresh."""
+        image, given = image if isinstance(image, tuple) else (image, None)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"an RGB image field takes uint8 (H, W, 3) pixels, not {image.dtype} {image.shape}")
         record["mode"] = _RGB_MODES[self.mode]
         record["height"], record["width"] = image.shape[:2]
-        if self.mode == "jpg":
+        if self.mode == "jpg" and given is not None and len(given) <= jpeg_bound(*image.shape[:2]):
+            data = np.frombuffer(given, "<u1")
+        elif self.mode == "jpg":
             import cv2
             ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
                                     [int(cv2.IMWRITE_JPEG_QUALITY), int(self.jpeg_quality)])

@@ -36,14 +36,17 @@ def beton_name(first_index: int) -> str:
     return "data.beton" if first_index == 0 else f"data-{first_index:010d}.beton"
 
 
-def _samples(items: list[PlannedSample], encoder: SampleEncoder, first_index: int = 0):
-    """Each sample's (image, label, index, key bytes), decoded again from the source."""
+def _samples(items: list[PlannedSample], encoder: SampleEncoder, first_index: int = 0, jpeg: bool = False):
+    """Each sample's (image, label, index, key bytes), decoded again from the source; ``jpeg``:
+    the image as (pixels, the JPEG bytes the tar shards hold: the photo's own where kept)."""
     for n, (sp, i, key, label) in enumerate(items, first_index):
         try:
-            pixels, _ = encoder.prepare(encoder.source.load(sp, i))
+            s = encoder.source.load(sp, i)
+            pixels, _ = encoder.prepare(s)
+            image = (pixels, encoder.members(s, pixels, label, n)[0][1]) if jpeg else pixels
         except Exception as e:  # noqa: BLE001 - named and reported to the stage
             raise SampleError(f"sample {key} passed the scan but failed now: {e}") from None
-        yield pixels, label, n, np.frombuffer(key.encode(), dtype=np.uint8)
+        yield image, label, n, np.frombuffer(key.encode(), dtype=np.uint8)
 
 
 def _ffcv_fields(cfg: ShardConfig, shape: tuple[int, int, int] | None) -> dict[str, beton.Field]:
@@ -74,7 +77,8 @@ def _write_ffcv(path: Path, items: list[PlannedSample], encoder: SampleEncoder, 
 
     with atomic.atomic_path(path) as tmp:
         with open(tmp, "w+b") as fp:
-            sums = beton.write_beton(fp, fields, _samples(items, encoder, first_index), len(items), page,
+            jpeg = isinstance(fields["image"], beton.RGBImageField) and fields["image"].mode == "jpg"
+            sums = beton.write_beton(fp, fields, _samples(items, encoder, first_index, jpeg), len(items), page,
                                       checksum="image")
         # the checksums land just before the .beton, so a finished .beton always has them
         atomic.write_with(path.parent / SUMS, lambda t: t.write_bytes(_npy_bytes(sums)))
