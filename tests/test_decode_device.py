@@ -36,8 +36,11 @@ OPS = {"random_resized_crop": [RandomResizedCrop(size=20, scale=(0.3, 1.0))],
        "flip": [Flip()],
        "normalize": [Normalize(mean=MEAN, std=STD)]}
 # FFCV decodes its JPEG field with its own libjpeg-turbo settings, the stand-in with OpenCV's:
-# a few levels apart. The tar path decodes with OpenCV both ways: equal.
-LEVELS = {"webdataset": 1e-5, "ffcv": 6 / 255}
+# a few levels apart (the photo's own 4:2:0 bytes are kept, and the two upsample chroma
+# differently: measured up to 8 levels, 1.2 on average, on two host classes). The tar path
+# decodes with OpenCV both ways: equal. The mean bound keeps a wrong crop or flip from passing.
+LEVELS = {"webdataset": 1e-5, "ffcv": 12 / 255}
+MEAN_LEVELS = {"webdataset": 1e-5, "ffcv": 3 / 255}
 
 
 def smooth_jpegs(root: Path, sizes: list[tuple[int, int]], gray: bool = False) -> None:
@@ -80,12 +83,14 @@ def _epoch(root, **cfg) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     return [tuple(t.clone() for t in b) for b in loader]
 
 
-def _assert_same(a, b, atol):
+def _assert_same(a, b, atol, mean_atol=None):
     assert len(a) == len(b)
     for (xa, ya, ia), (xb, yb, ib) in zip(a, b):
         assert torch.equal(ia, ib) and torch.equal(ya, yb)
         assert xa.shape == xb.shape and xa.dtype == xb.dtype
         assert (xa - xb).abs().max().item() <= atol, (xa - xb).abs().max().item()
+        if mean_atol is not None:
+            assert (xa - xb).abs().mean().item() <= mean_atol, (xa - xb).abs().mean().item()
 
 
 # ---- the same batches as the CPU path, one op at a time ------------------------------------
@@ -98,7 +103,7 @@ def test_each_op_gives_the_cpu_paths_batches(arts, backend, op):
     cpu = _epoch(root, backend=backend, augment=spec, decode="cpu", seed=3)
     dev = _epoch(root, backend=backend, augment=spec, decode="device", seed=3)
     scale = 1.0 if op != "normalize" else 1 / min(STD)  # normalise magnifies a level
-    _assert_same(cpu, dev, LEVELS[backend] * scale)
+    _assert_same(cpu, dev, LEVELS[backend] * scale, MEAN_LEVELS[backend] * scale)
     assert [len(b[1]) for b in dev] == [8] * 5 + [4]
 
 

@@ -25,6 +25,7 @@ from sluice.errors import PreflightError, SluiceError
 from sluice.stages.load.specs import DataSpec
 from sluice.stages.models import build_model
 from sluice.stages.pixels import channels_last
+from sluice.stages.run.launch import as_job
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.initial_weights import load_initial_weights
 from sluice.stages.train.job import TrainJob
@@ -65,6 +66,7 @@ def preflight(job: TrainJob, data_settings: str = "the data section's settings t
     (a ``ConfigError``) naming the model, the shapes and the settings to change (the kind's
     ``data_settings``), chained from the error underneath; returns what was checked."""
     t0 = time.perf_counter()
+    job = as_job(job)  # complete, as the ranks get it (an arrays spec takes the job's normalisation)
     cfg = job.config
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         model = _model(cfg)
