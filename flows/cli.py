@@ -78,7 +78,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     il = " -> irreducible loss" if cfg.selection.needs_il else ""
     sel = f" with {cfg.selection.method} selection" if cfg.selection.method != "none" else ""
     comm = f", {cfg.train.comm.mode} compression" if cfg.train.comm.mode != "none" else ""
-    print(f"Sluice demo: the nightly pipeline on {', '.join(cfg.data.names)} (shard{il} -> train {cfg.train.model}{sel} "
+    model = "a model picked for the data" if cfg.train.model == "auto" else cfg.train.model
+    print(f"Sluice demo: the nightly pipeline on {', '.join(cfg.data.names)} (shard{il} -> train {model}{sel} "
           f"for {cfg.train.epochs:g} epochs on {cfg.ranks()} ranks{comm} -> evaluate -> promote by "
           f"{cfg.promotion.metric}), data under {Path(cfg.data_root).resolve()}", flush=True)
     print(f"resolved for this host: {cfg.resolved_for_host()}  ({HOST_NOTE})", flush=True)
@@ -93,8 +94,28 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     print(f"# the config a run would use: recipe {cfg.recipe!r} (flows/recipes/{cfg.recipe}.yaml)"
           + (f" + {args.config}" if args.config else "") + "".join(f" + --set {o}" for o in args.overrides))
     print(f"# resolved for this host at run time: {cfg.resolved_for_host()}  ({HOST_NOTE})")
+    for line in _resolved_from_data(cfg):
+        print(f"# {line}")
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=100), end="")
     return 0
+
+
+def _resolved_from_data(cfg) -> list[str]:
+    """What the config's ``auto`` settings resolve to on the data's newest versions, and why; or
+    where they will come from when a source has no version yet."""
+    from sluice.errors import SluiceError
+    roots = [cfg.datasets_dir() / name for name in cfg.data.names]
+    missing = [r.name for r in roots if not (r / "LATEST").is_file()]
+    if missing:
+        return [f"settings left to the data (auto) resolve from each source's artifact once it is sharded; no "
+                f"version yet of: {', '.join(missing)} (sluice run prepare shards them)"]
+    try:
+        version = cfg.kind().version_of(roots, names=cfg.data.names)
+        lines = cfg.kind().explain(cfg.train, version)
+    except (SluiceError, ValueError, OSError) as e:
+        return [f"settings left to the data (auto) could not be resolved from {cfg.datasets_dir()}: {e}"]
+    return [f"resolved from the data (the newest versions under {cfg.datasets_dir()}):"] + [f"  {x}" for x in lines] \
+        if lines else []
 
 
 def cmd_models(args: argparse.Namespace) -> int:

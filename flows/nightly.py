@@ -110,6 +110,8 @@ def train_task(c: PipelineConfig, version: DatasetVersion, il: dict[str, Any] | 
     _log(f"placement: {c.resolved_for_host()}")
     start = plan_start(c.warm, c.kind(), version, c.train, c.selection.method, c.registry_dir(), il_path, run_dir)
     # verified=True: verify_task checked every sample's checksum before this task
+    for line in c.kind().explain(c.train, version):
+        _log(f"from the data: {line}")
     job = training_job(c, version, il_path, verified=True, start=start)
     fits = preflight_task(job, c.kind().input_settings)
     # the task's own logger, bound here: the progress watcher logs from its own thread, where

@@ -60,7 +60,12 @@ def _version():
     from sluice.stages.kinds.image import ImageVersion
     source = SourceVersion(name="fashion-mnist", location="fashion-mnist", root="/nowhere", fingerprint="f" * 16,
                            counts={"train": 100, "val": 10, "test": 10})
-    return ImageVersion(fingerprint="f" * 16, sources=[source], counts=source.counts, channels=1, num_classes=10)
+    from sluice.storage.manifest import ImageStats, SizeSummary, Spread
+    side = Spread(min=28, median=28.0, max=28)
+    stats = ImageStats(samples=100, pixels=100 * 28 * 28, channels=1, mean=[0.2862], std=[0.3531],
+                       sizes=SizeSummary(height=side, width=side, short_side=side, distinct=1))
+    return ImageVersion(fingerprint="f" * 16, sources=[source], counts=source.counts, channels=1, num_classes=10,
+                        shape=(28, 28), stats=stats)
 
 
 def test_progressive_resizing_shapes_training_batches_but_never_evaluation():

@@ -181,7 +181,7 @@ def test_the_preflight_of_a_passing_image_night_says_what_it_checked(fmnist_arti
     state = torch.random.get_rng_state()
     report = preflight(job, c.kind().input_settings)
     assert torch.equal(torch.random.get_rng_state(), state)  # the process's draws are left as they were
-    assert report.model == c.train.model and report.task == "classify"
+    assert report.model == job.config.model == "bn_cnn" and report.task == "classify"  # auto, resolved
     assert report.batches["train"]["inputs"] == {"images": [32, 1, 28, 28]}
     assert report.batches["train"]["logits"] == [2, 10] and report.batches["eval"]["logits"] == [2, 10]
     line = report.line()

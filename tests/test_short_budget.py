@@ -56,7 +56,10 @@ def test_the_default_recipe_learns_in_twenty_steps(fmnist):
     on AVX512-bf16 and on (simulated) AVX2; with the peak unbounded (warmup_min_steps=1)
     0.30-0.44, and with a fixed-decay EMA near chance."""
     x, y, tx, ty = fmnist
-    c = PipelineConfig.model_validate({"train": {"max_steps": 20, "progress": False, "torch_threads": 1}}).train
+    # the recipe's auto settings as Fashion-MNIST resolves them (tests/test_image_recipe.py)
+    c = PipelineConfig.model_validate({"train": {"max_steps": 20, "progress": False, "torch_threads": 1, "model": "bn_cnn",
+                                                 "normalize_mean": [0.286], "normalize_std": [0.353],
+                                                 "input_size": None}}).train
     tr = ArrayLoader(x, y, c.batch_size, seed=0)
     ev = ArrayLoader(tx, ty, 500, shuffle=False, drop_last=False, even=False)
     r = train(c, tr, ev)

@@ -219,6 +219,8 @@ class DataKind:
         """Refuse, before anything runs, a model or settings this kind cannot train with: by
         default a model trained for another task than the kind's batches are for."""
         from sluice.stages.models import model_task
+        if train.model == "auto":
+            return  # the kind picks a model of its own task (train_config)
         task = model_task(train.model)
         if task != self.task:
             raise ConfigError(f"train.model={train.model!r} is trained for {task}, and data.kind {self.name} "
@@ -255,8 +257,25 @@ class DataKind:
         return None
 
     def train_config(self, train: TrainConfig, version: DatasetVersion) -> TrainConfig:
-        """The train config as this version makes it (its classes, channels, vocabulary)."""
+        """The train config as this version makes it (its classes, channels, vocabulary), with
+        its ``auto`` settings resolved from the data (a model, at least)."""
         return train
+
+    def config_for(self, train: TrainConfig, version: DatasetVersion) -> TrainConfig:
+        """``train_config``, with what the kind left ``auto`` settled the neutral way: images not
+        resized (``input_size``); a model the kind does not pick is refused, naming the kind."""
+        config = self.train_config(train, version)
+        if config.input_size == "auto":
+            config = config.model_copy(update={"input_size": None})
+        if config.model == "auto":
+            raise ConfigError(f"train.model: auto, and data.kind {self.name} picks no model for its data: "
+                              "name a registered model")
+        return config
+
+    def explain(self, train: TrainConfig, version: DatasetVersion) -> list[str]:
+        """What ``train_config`` resolves ``auto`` settings to for ``version``, and why: one line
+        each (``sluice config show``, the run's log)."""
+        return []
 
     def data_specs(self, train: TrainConfig, data: DataConfig, version: DatasetVersion, *, eval_split: str,
                    batch_size: int, selects: bool, subsets: dict[str, str] | None = None,

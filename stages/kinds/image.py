@@ -23,7 +23,12 @@ from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, SourceVersion,
                                       WarmSource)
 from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
-from sluice.stages.load.augment import Normalize
+from sluice.stages.data.stats import image_stats
+from sluice.stages.kinds.image_recipe import resolve, train_ops
+from sluice.stages.load.augment import Normalize, eval_resize
+from sluice.stages.load.canvas import stored_channels
+from sluice.stages.train.dist import wants_cuda
+from sluice.storage.manifest import ImageStats, SizeSummary, Spread
 from sluice.stages.load.specs import ImagesData
 from sluice.stages.select import SELECTION_METHODS
 from sluice.stages.select.config import SelectionConfig
@@ -80,11 +85,15 @@ class ImageData(DataConfig):
 
 
 class ImageVersion(DatasetVersion):
-    """The night's image versions, and what a model built for them needs to know."""
+    """The night's image versions, and what a model built for them needs to know: channels,
+    classes, the one size every image has (None where sizes vary) and the train split's
+    statistics (pixel mean and std per channel, sizes) that ``auto`` settings resolve from."""
     kind: Literal["image"] = "image"
     channels: int
     num_classes: int
     damaged_sources: int = 0
+    shape: tuple[int, int] | None = None
+    stats: ImageStats | None = None
 
 
 @DATA_KINDS.register("image")
@@ -174,13 +183,17 @@ class ImageKind(DataKind):
             from sluice.stages.load.source_reads import check_compatible
             check_compatible(arts, [s.name for s in out])
         m = arts[0].manifest
+        shapes = {a.manifest.fields.image.shape for a in arts}
+        shape = next(iter(shapes)) if len(shapes) == 1 else None
+        stats = train_stats(arts)
         splits = sorted({k for s in out for k in s.counts})
         fingerprint = out[0].fingerprint if len(out) == 1 else \
             combine("image-sources", *(f"{s.name}:{s.fingerprint}" for s in out))
         return ImageVersion(fingerprint=fingerprint, sources=out,
                             counts={k: sum(s.counts.get(k, 0) for s in out) for k in splits},
                             reused=all(s.reused for s in out), quarantined=sum(s.quarantined for s in out),
-                            channels=(m.fields.image.shape or (0, 0, 3))[2], num_classes=m.fields.label.num_classes,
+                            channels=shape[2] if shape else (stats.channels if stats else stored_channels(arts[0])),
+                            num_classes=m.fields.label.num_classes, shape=shape[:2] if shape else None, stats=stats,
                             damaged_sources=sum(len(a.manifest.damaged_sources) for a in arts))
 
     def verify(self, version: DatasetVersion, data: ImageData, log: Log) -> dict[str, Any]:
@@ -219,7 +232,14 @@ class ImageKind(DataKind):
         return None
 
     def train_config(self, train: TrainConfig, version: ImageVersion) -> TrainConfig:
-        return train.model_copy(update={"in_channels": version.channels, "num_classes": version.num_classes})
+        """The version's channels and classes, and what ``auto`` resolves to for its images
+        (``image_recipe``: input size, model, normalisation)."""
+        recipe = resolve(train, version.stats, version.shape, "cuda" if wants_cuda(train.device) else "cpu")
+        return train.model_copy(update={"in_channels": version.channels, "num_classes": version.num_classes,
+                                        **recipe.updates})
+
+    def explain(self, train: TrainConfig, version: ImageVersion) -> list[str]:
+        return resolve(train, version.stats, version.shape, "cuda" if wants_cuda(train.device) else "cpu").notes
 
     def data_specs(self, train: TrainConfig, data: ImageData, version: DatasetVersion, *, eval_split: str,
                    batch_size: int, selects: bool, subsets: dict[str, str] | None = None,
@@ -228,10 +248,11 @@ class ImageKind(DataKind):
         loader = data.loader.model_copy(update={"verify": "none"}) if verified else data.loader
         train_loader = loader.model_copy(update={
             "split": "train", "batch_size": batch_size, "drop_last": True,
-            "augment": AugmentSpec(ops=[*data.augment.ops, norm],
+            "augment": AugmentSpec(ops=[*train_ops(data.augment.ops, train.input_size), norm],
                                    channels_last=data.augment.channels_last or train.channels_last)})
         eval_loader = loader.model_copy(update={
-            "split": eval_split, "batch_size": EVAL_BATCH, "drop_last": False, "augment": AugmentSpec(ops=[norm]),
+            "split": eval_split, "batch_size": EVAL_BATCH, "drop_last": False,
+            "augment": AugmentSpec(ops=[*eval_resize(train.input_size), norm]),
             "resolution": None, "sampler": SamplerConfig(kind="sequential")})
         several = len(version.sources) > 1
         trained = {"sources": [{"path": s.root, "name": s.name, "weight": s.weight,
@@ -327,3 +348,35 @@ class ImageKind(DataKind):
         if version.damaged_sources:
             lines.append(f"- **damaged source files kept in part: {version.damaged_sources}** (see the manifest)")
         return lines
+
+
+def train_stats(arts: Sequence[Any]) -> ImageStats | None:
+    """The train split's statistics over every source: one source's as recorded (or taken now
+    from an artifact written before them); several merged, every pixel counting once (means and
+    mean squares weighted by pixels), sizes spanning all (the median short side is the median of
+    the sources', weighted by samples: close, not exact)."""
+    each = [s for s in (image_stats(a) for a in arts) if s is not None]
+    if len(each) <= 1:
+        return each[0] if each else None
+    if len({s.channels for s in each}) > 1:
+        return None  # check_compatible refuses this mixture before a model is built
+    px = sum(s.pixels for s in each)
+    mean = [sum(s.pixels * s.mean[c] for s in each) / px for c in range(each[0].channels)]
+    square = [sum(s.pixels * (s.std[c] ** 2 + s.mean[c] ** 2) for s in each) / px for c in range(each[0].channels)]
+    std = [max(q - m * m, 0.0) ** 0.5 for q, m in zip(square, mean)]
+    order = sorted(each, key=lambda s: s.sizes.short_side.median)
+    half, acc, median = sum(s.samples for s in each) / 2, 0, order[-1].sizes.short_side.median
+    for s in order:
+        acc += s.samples
+        if acc >= half:
+            median = s.sizes.short_side.median
+            break
+
+    def spread(part: str, mid: float | None = None) -> Spread:
+        got = [getattr(s.sizes, part) for s in each]
+        return Spread(min=min(g.min for g in got), max=max(g.max for g in got),
+                      median=mid if mid is not None else float(np.median([g.median for g in got])))
+    sizes = SizeSummary(height=spread("height"), width=spread("width"), short_side=spread("short_side", median),
+                        distinct=max(s.sizes.distinct for s in each))
+    return ImageStats(split="train", samples=sum(s.samples for s in each), pixels=px, channels=each[0].channels,
+                      mean=mean, std=std, sizes=sizes)

@@ -215,7 +215,12 @@ class TokenKind(DataKind):
         return None
 
     def train_config(self, train: TrainConfig, version: TokenVersion) -> TrainConfig:
-        return train.model_copy(update={"num_classes": version.vocab_size})
+        """The vocabulary as the version's tokenizer makes it; ``auto``: the GPT."""
+        return train.model_copy(update={"num_classes": version.vocab_size,
+                                        **({"model": "gpt"} if train.model == "auto" else {})})
+
+    def explain(self, train: TrainConfig, version: TokenVersion) -> list[str]:
+        return ["train.model: auto -> gpt (the one language model)"] if train.model == "auto" else []
 
     def data_specs(self, train: TrainConfig, data: TokenData, version: DatasetVersion, *, eval_split: str,
                    batch_size: int, selects: bool, subsets: dict[str, str] | None = None,

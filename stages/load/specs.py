@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sluice.errors import ConfigError
 from sluice.stages.load.arrays import ArrayLoader, named_arrays
 from sluice.stages.load.augment.normalize import Normalize
 from sluice.stages.load.base import LoaderBase
@@ -54,7 +55,7 @@ class ImagesData(BaseModel):
     def batch_size(self) -> int:
         return self.loader.batch_size
 
-    def completed(self, batch_size: int, seed: int, normalize: Normalize, train: bool) -> "ImagesData":
+    def completed(self, batch_size: int, seed: int, normalize: Normalize | None, train: bool) -> "ImagesData":
         """The spec as a job carries it (complete already: its loader config says everything)."""
         return self
 
@@ -80,9 +81,12 @@ class ArraysData(BaseModel):
     normalize: Normalize | None = Field(None, description="mean and std the batches are normalised by")
     delay_s: float = Field(0.0, ge=0, description="simulated storage latency per batch")
 
-    def completed(self, batch_size: int, seed: int, normalize: Normalize, train: bool) -> "ArraysData":
+    def completed(self, batch_size: int, seed: int, normalize: Normalize | None, train: bool) -> "ArraysData":
         """The spec with what it leaves to the job filled in: the job's batch size, seed and
         normalisation, training or evaluation data."""
+        if self.normalize is None and normalize is None:
+            raise ConfigError("arrays data is normalised with train.normalize_mean/std, and those are auto (resolved "
+                              "from a dataset artifact by the pipeline): give the values, or the spec's normalize")
         return self.model_copy(update={"batch_size": self.batch_size or batch_size, "seed": seed, "train": train,
                                        "normalize": self.normalize or normalize})
 
@@ -109,7 +113,7 @@ class TokensData(BaseModel):
     def batch_size(self) -> int:
         return self.loader.batch_size
 
-    def completed(self, batch_size: int, seed: int, normalize: Normalize, train: bool) -> "TokensData":
+    def completed(self, batch_size: int, seed: int, normalize: Normalize | None, train: bool) -> "TokensData":
         """The spec as a job carries it (complete already: its loader config says everything)."""
         return self
 

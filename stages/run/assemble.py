@@ -20,7 +20,7 @@ def assemble_job(kind: DataKind, train: TrainConfig, data: DataConfig, selection
     ``batch`` of them; only full candidate batches, so every rank does the same work. InfoBatch
     draws ``batch`` candidates and trains the ones it does not prune. ``verified``: every
     checksum was checked before (the ranks' loaders do not again)."""
-    config = kind.train_config(train, version).model_copy(update={"progress": False})
+    config = kind.config_for(train, version).model_copy(update={"progress": False})
     plan = start.plan
     if plan is not None:
         config = plan.warm_config(config)

@@ -109,7 +109,13 @@ def as_job(job: TrainJob | dict[str, Any]) -> TrainJob:
         except ValidationError as e:
             raise ConfigError(f"invalid training job: {e}") from None
     c = job.config
-    norm = Normalize(mean=c.normalize_mean, std=c.normalize_std)
+    unresolved = [k for k in ("model", "input_size") if getattr(c, k) == "auto"]
+    if unresolved:
+        raise ConfigError(f"train.{' and train.'.join(unresolved)}: auto is resolved from the data by the pipeline "
+                          "(its kind of data, stages/kinds); a job of your own gives the value")
+    norm = None  # auto: resolved by the pipeline; a spec that normalises with the job's (arrays) refuses it
+    if c.normalize_mean != "auto" and c.normalize_std != "auto":
+        norm = Normalize(mean=c.normalize_mean, std=c.normalize_std)
     return job.model_copy(update={
         "data": job.data.completed(c.batch_size, c.seed, norm, train=True),
         "eval_data": job.eval_data.completed(c.batch_size, c.seed, norm, train=False) if job.eval_data else None})

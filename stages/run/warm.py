@@ -154,7 +154,7 @@ def plan_start(warm: WarmStartConfig, kind: DataKind, version: DatasetVersion, t
     why = kind.warm_refusal(champ.metrics.get("data") or {}, version)
     if why:
         return _refuse(warm, f"champion {champ.model_id}: {why}")
-    ours = architecture_of(kind.train_config(train, version).model_dump())
+    ours = architecture_of(kind.config_for(train, version).model_dump())
     if theirs != ours:
         return _refuse(warm, f"champion {champ.model_id} is a {theirs}, tonight's model a {ours}")
     versions = champion_versions(champ, version)

@@ -39,6 +39,8 @@ class CommConfig(BaseModel):
 
 
 # Fields that do not change what is trained: excluded from the checkpoint compatibility hash.
+# Fields added after checkpoints were written, at their defaults: left out of the compatibility hash.
+LATER_DEFAULTS = {"input_size": None}
 OPERATIONAL = {"checkpoint_dir", "checkpoint_every_steps", "checkpoint_every_seconds", "resume",
                "halt_at_step", "eval_every_steps", "log_every_steps", "metrics_path", "progress",
                "torch_threads", "compile", "dist_timeout_s", "max_skipped_steps", "resize",
@@ -54,12 +56,21 @@ class TrainConfig(BaseModel):
     """
     model_config = ConfigDict(extra="forbid")
     # model
-    model: str = Field("small_cnn", description="a registered model (sluice.stages.models)")
+    model: str = Field("small_cnn", description="a registered model (sluice.stages.models); auto: the "
+                       "pipeline's kind of data picks one for the data (images: bn_cnn up to 32 px, resnet_small "
+                       "above; stages/kinds/image_recipe.py)")
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     in_channels: int = Field(1, ge=1)
     num_classes: int = Field(10, ge=2)
-    normalize_mean: list[float] = Field(default_factory=lambda: [0.5])
-    normalize_std: list[float] = Field(default_factory=lambda: [0.5])
+    normalize_mean: list[float] | Literal["auto"] = Field(
+        default_factory=lambda: [0.5], description="per channel, 0..1; auto: the pipeline takes the train "
+        "split's own (recorded when it was sharded)")
+    normalize_std: list[float] | Literal["auto"] = Field(default_factory=lambda: [0.5])
+    input_size: int | Literal["auto"] | None = Field(
+        None, description="images are resized to input_size x input_size to train (a random resized crop) and "
+        "to be evaluated (the whole image resized: center_crop, squash), also when a checkpoint is graded later; "
+        "None: as stored; auto: the pipeline's image kind derives it from the data's sizes and the host "
+        "(stages/kinds/image_recipe.py)")
     # budget
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1)
@@ -132,14 +143,17 @@ class TrainConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _registered(cls, v: str) -> str:
-        return MODELS.validate(v)
+        return v if v == "auto" else MODELS.validate(v)
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
-        if len(self.normalize_mean) != len(self.normalize_std):
+        given = [v for v in (self.normalize_mean, self.normalize_std) if v != "auto"]
+        if len(given) == 2 and len(self.normalize_mean) != len(self.normalize_std):
             raise ValueError("normalize_mean and normalize_std must have the same length")
-        if any(s <= 0 for s in self.normalize_std):
+        if self.normalize_std != "auto" and any(s <= 0 for s in self.normalize_std):
             raise ValueError("normalize_std must be positive")
+        if isinstance(self.input_size, int) and self.input_size < 1:
+            raise ValueError("input_size must be at least 1 px")
         if self.momentum_cycle is not None:
             lo, hi = self.momentum_cycle
             if not 0 <= lo <= hi < 1:
@@ -150,5 +164,7 @@ class TrainConfig(BaseModel):
 
     def compat(self, world_size: int) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this config."""
-        trained = self.model_dump(exclude=OPERATIONAL)
+        # a field added later counts only when set away from its default: older checkpoints resume
+        later = {k for k, v in LATER_DEFAULTS.items() if getattr(self, k) == v}
+        trained = self.model_dump(exclude=OPERATIONAL | later)
         return {"model": self.model, "config_hash": hash_obj(trained), "world_size": world_size}

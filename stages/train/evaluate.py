@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from sluice.stages.precision import autocast
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.load import AugmentSpec, Loader, LoaderConfig, SamplerConfig
-from sluice.stages.load.augment import Normalize
+from sluice.stages.load.augment import Normalize, eval_resize
 from sluice.stages.load.backends.base import with_index
 from sluice.stages.load.samplers import SequentialSampler, SubsetSampler
 from sluice.stages.models import build_model, model_task
@@ -102,7 +102,8 @@ def _checkpoint_batches(checkpoint: str | os.PathLike, artifact: str | os.PathLi
     (normalised as trained, no augmentation, on ``device``, the run's TTA)."""
     dev = scoring_device(device)
     model, cfg = model_from_checkpoint(checkpoint, device=dev)
-    spec = AugmentSpec(ops=[Normalize(mean=cfg.get("normalize_mean", [0.5]), std=cfg.get("normalize_std", [0.5]))])
+    spec = AugmentSpec(ops=eval_resize(cfg.get("input_size")) + [
+        Normalize(mean=cfg.get("normalize_mean", [0.5]), std=cfg.get("normalize_std", [0.5]))])
     loader = Loader(artifact, LoaderConfig(split=split, batch_size=batch_size, backend=backend, augment=spec,
                                            sampler=SamplerConfig(kind="sequential"), drop_last=False, prefetch=1,
                                            device=str(dev)),

@@ -9,7 +9,7 @@ below.
 """
 from sluice.stages.load.augment import center, color, crop, cutout, flip, normalize, translate  # noqa: F401
 from sluice.stages.load.augment.base import AUGMENT_OPS, AugmentOp, batch_seed
-from sluice.stages.load.augment.center import CenterCrop, center_boxes
+from sluice.stages.load.augment.center import CenterCrop, center_boxes, eval_resize
 from sluice.stages.load.augment.color import BrightnessContrast
 from sluice.stages.load.augment.crop import RandomResizedCrop, crop_resize, rrc_boxes
 from sluice.stages.load.augment.cutout import Cutout
@@ -21,4 +21,4 @@ from sluice.stages.load.augment.translate import Translate
 
 __all__ = ["AUGMENT_OPS", "AugmentOp", "AugmentSpec", "TorchAugment", "batch_seed", "draw_params",
            "RandomResizedCrop", "CenterCrop", "Flip", "Translate", "Cutout", "BrightnessContrast",
-           "Normalize", "rrc_boxes", "crop_resize", "center_boxes"]
+           "Normalize", "rrc_boxes", "crop_resize", "center_boxes", "eval_resize"]

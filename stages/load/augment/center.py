@@ -129,3 +129,10 @@ class CenterCrop(AugmentOp):
         roi_start, roi_end, size = inputs
         return fn.resize(x, roi_start=roi_start, roi_end=roi_end, size=size,
                          interp_type=types.INTERP_LINEAR, antialias=self.antialias, dtype=types.FLOAT)
+
+
+def eval_resize(size: int | None) -> list[AugmentOp]:
+    """How images are made ``size``×``size`` for a model trained at that side to be evaluated: the
+    whole image resized (squash; measured better than the centre crop on photos framed to their
+    object, see ``CenterCrop``). ``None`` (trained as stored): nothing."""
+    return [] if size is None else [CenterCrop(size=size, crop_mode="squash")]
