@@ -38,6 +38,9 @@ from benchmarks.loader_report import results_section as loader
 from benchmarks.loader_scale import results_section as loader_scale
 from benchmarks.nightly_growth_summary import results_section as nightly_growth
 from benchmarks.nightly_warm_sweep import results_section as warm_sweep
+from benchmarks.photos import results_section as photos
+from benchmarks.photos import models_section as photos_models
+from benchmarks.photos import sweep_section as photos_crop_sweep
 from benchmarks.text_growth import results_section as text_growth
 from benchmarks.results_page import load as _load
 from benchmarks.selection_report import results_section as selection
@@ -115,7 +118,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("compression.json", compression),
     ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
-    ("shard_order.json", shard_order),
+    ("shard_order.json", shard_order), ("photos.json", photos), ("photos_crop_sweep.json", photos_crop_sweep),
+    ("photos_models.json", photos_models),
 ]
 
 # results files written once per host class: <stem>-<class>.json

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
         "startup_s": flow_start - START - api_s,  # imports before the flow began
         "shard_s": sum(v.seconds for v in res["dataset"].sources), "train_wall_s": res["train"]["wall_s"],
         "amp": res["train"]["summary"].get("amp"),
+        # trained samples a second, every rank together (each rank's own rate, times the ranks)
+        "samples_per_s": (res["train"]["summary"].get("samples_per_s") or 0) * res["train"]["summary"].get("world_size", 1),
         "promotion": {k: res["promotion"].get(k) for k in ("eval_split", "candidate_value")}}), flush=True)
 
 
