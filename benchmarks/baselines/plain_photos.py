@@ -7,7 +7,8 @@ torchvision does them: ``ImageFolder`` (PIL open, ``convert("RGB")``), ``RandomR
 (torchvision's ``get_params``: ten tries of an area in ``scale`` and a log-uniform aspect ratio in
 3/4..4/3, else the whole image clamped to the ratio range; the crop resized with PIL's bilinear
 filter, as ``resized_crop`` does on PIL images) and ``RandomHorizontalFlip``. Evaluation resizes
-the whole image to the square (``Resize((s, s))``), as Sluice's evaluation does.
+the whole image to the square (``Resize((s, s))``), as Sluice's evaluation does; ``--eval-center``
+also grades the final weights on ``Resize(s) + CenterCrop(s)``, the other common choice.
 
 The rest is the plain recipe of ``plain_bn_cnn.py``: the same BN CNN as Sluice's ``bn_cnn`` (its
 7x7 head average-pooled to from any size), SGD with Nesterov momentum 0.9, weight decay 5e-4 on
@@ -64,8 +65,8 @@ class Photos(Dataset):
     """``ImageFolder``-like: (path, label) pairs; train: random resized crop + flip; eval: resize."""
 
     def __init__(self, items: list[tuple[str, int]], size: int, train: bool, scale: tuple[float, float],
-                 mean: list[float], std: list[float]):
-        self.items, self.size, self.train, self.scale = items, size, train, scale
+                 mean: list[float], std: list[float], center: bool = False):
+        self.items, self.size, self.train, self.scale, self.center = items, size, train, scale, center
         self.mean = torch.tensor(mean).view(3, 1, 1)
         self.std = torch.tensor(std).view(3, 1, 1)
 
@@ -82,6 +83,12 @@ class Photos(Dataset):
             im = im.resize((s, s), Image.BILINEAR, box=(left, top, left + cw, top + ch))
             if random.random() < 0.5:
                 im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        elif self.center:  # torchvision's Resize(s) + CenterCrop(s): the short side to s, the long side's ends cut
+            w, h = im.size
+            nw, nh = (s, max(s, int(s * h / w))) if w <= h else (max(s, int(s * w / h)), s)
+            im = im.resize((nw, nh), Image.BILINEAR)
+            left, top = int(round((nw - s) / 2)), int(round((nh - s) / 2))
+            im = im.crop((left, top, left + s, top + s))
         else:
             im = im.resize((s, s), Image.BILINEAR)
         x = torch.from_numpy(np.asarray(im, np.uint8).copy()).permute(2, 0, 1).float().div_(255)
@@ -138,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--amp", choices=["none", "bf16"], default="none")
+    ap.add_argument("--eval-center", action="store_true",
+                    help="after training, evaluate the test split centre-cropped too (Resize + CenterCrop)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -175,6 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         acc = evaluate(model, tx, ty, args.amp)
         print(json.dumps({"event": "eval", "epoch": epoch + 1, "step": step, "acc": acc, "samples": samples,
                           "train_s": train_s, "wall_s": time.time() - START}), flush=True)
+    if args.eval_center:  # the same weights, the test photos centre-cropped instead of resized whole
+        center = Photos(test.items, args.size, False, tuple(args.scale), args.mean, args.std, center=True)
+        cx = torch.stack([center[i][0] for i in range(len(center))])
+        print(json.dumps({"event": "eval_center", "acc": evaluate(model, cx, ty, args.amp)}), flush=True)
     print(json.dumps({"event": "done", "steps": step, "wall_s": time.time() - START}), flush=True)
 
 
