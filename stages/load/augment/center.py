@@ -63,8 +63,8 @@ class CenterCrop(AugmentOp):
     ``crop_mode="squash"`` resizes the whole image to the square instead (timm's squash mode):
     nothing of a 4:3 photo is cut, at the price of its aspect ratio. A model trained with a
     ``random_resized_crop`` has seen exactly such images (its crops span aspect ratios 3:4 to 4:3
-    and are then resized to a square), and on photos framed to their object it scored 4 points
-    higher than the centre crop (the image recipe's choice: ``stages/kinds/image_recipe.py``)."""
+    and are then resized to a square); the image recipe evaluates this way
+    (``stages/kinds/image_recipe.py``; the two compared: ``benchmarks/photos.py --sweep``)."""
     op: Literal["center_crop"] = "center_crop"
     size: int | None = Field(None, ge=1,
                              description="output side; default: the epoch's resolution, else the short side")
