@@ -125,7 +125,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
 # results files written once per host class: <stem>-<class>.json
 PER_CLASS: list[tuple[str, Callable[[dict[str, Any], str], list[str]]]] = [
     ("time_to_accuracy", time_to_accuracy), ("demo", demo), ("tiny_budget", tiny_budget),
-    ("host_layout", host_layout)]
+    ("host_layout", host_layout), ("photos", photos)]
 
 
 def render() -> str:

@@ -49,3 +49,13 @@ def test_the_sweep_section_says_whether_the_recipes_crop_scale_won():
     lost = "\n".join(ph.sweep_section(result([(0.35, 0.93), (lo, 0.92)])))
     assert "is the best of these" in won and "92.00%" in won
     assert "not the best of these ((0.35, 1) scored higher)" in lost
+
+
+def test_a_nights_only_run_claims_no_comparison():
+    nights = [{"seed": k, "wall_s": 200.0 + k, "test_acc": 0.89, "promoted": True} for k in range(3)]
+    s = ph.summarise(nights, [], [])
+    assert s["goals"]["night"]["met"] and not s["goals"]["vs_plain"]["met"] and not s["goals"]["vs_plain"]["measured"]
+    d = {**s, "nights": nights, "resolved": {"model": "bn_cnn", "size": 32, "amp": "none"}, "photos": 12000,
+         "sluice": [], "plain": []}
+    text = "\n".join(ph.results_section(d, "photos-avx2_nights.json"))
+    assert "not run on this host class" in text and "fp32" in text and "**met**" in text
