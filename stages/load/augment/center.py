@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from sluice.stages.load.augment.base import AUGMENT_OPS, AugmentOp, DaliContext, Params, TorchContext
-from sluice.stages.load.augment.crop import crop_resize
+from sluice.stages.load.augment.crop import boxes_for_dali, crop_resize, resize_boxes_dali
 
 
 def center_boxes(hs: np.ndarray, ws: np.ndarray, side: int | np.ndarray, crop_fraction: float,
@@ -119,16 +119,10 @@ class CenterCrop(AugmentOp):
         return res
 
     def dali_inputs(self, params, n):
-        top, left, bh, bw = params["boxes"].numpy().T
-        return [np.stack([top, left], 1).astype(np.float32),
-                np.stack([top + bh, left + bw], 1).astype(np.float32),
-                params["out"].numpy().astype(np.float32)]
+        return boxes_for_dali(params)
 
     def apply_dali(self, x: Any, inputs: list[Any], ctx: DaliContext) -> Any:
-        from nvidia.dali import fn, types
-        roi_start, roi_end, size = inputs
-        return fn.resize(x, roi_start=roi_start, roi_end=roi_end, size=size,
-                         interp_type=types.INTERP_LINEAR, antialias=self.antialias, dtype=types.FLOAT)
+        return resize_boxes_dali(x, inputs, antialias=self.antialias)
 
 
 def eval_resize(size: int | None) -> list[AugmentOp]:

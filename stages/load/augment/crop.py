@@ -114,13 +114,24 @@ class RandomResizedCrop(AugmentOp):
                            fused["mask"] if fused is not None else None, sizes)
 
     def dali_inputs(self, params, n):
-        top, left, bh, bw = params["boxes"].numpy().T
-        return [np.stack([top, left], 1).astype(np.float32),
-                np.stack([top + bh, left + bw], 1).astype(np.float32),
-                params["out"].numpy().astype(np.float32)]
+        return boxes_for_dali(params)
 
     def apply_dali(self, x: Any, inputs: list[Any], ctx: DaliContext) -> Any:
-        from nvidia.dali import fn, types
-        roi_start, roi_end, size = inputs
-        return fn.resize(x, roi_start=roi_start, roi_end=roi_end, size=size,
-                         interp_type=types.INTERP_LINEAR, antialias=False, dtype=types.FLOAT)
+        return resize_boxes_dali(x, inputs, antialias=False)
+
+
+def boxes_for_dali(params: Params) -> list[np.ndarray]:
+    """A crop's drawn ``boxes`` (top, left, h, w) and ``out`` sizes as DALI resize inputs:
+    roi_start, roi_end, size."""
+    top, left, bh, bw = params["boxes"].numpy().T
+    return [np.stack([top, left], 1).astype(np.float32),
+            np.stack([top + bh, left + bw], 1).astype(np.float32),
+            params["out"].numpy().astype(np.float32)]
+
+
+def resize_boxes_dali(x: Any, inputs: list[Any], antialias: bool) -> Any:
+    """Each image's box resized to its size on DALI (bilinear; ``boxes_for_dali``'s inputs)."""
+    from nvidia.dali import fn, types
+    roi_start, roi_end, size = inputs
+    return fn.resize(x, roi_start=roi_start, roi_end=roi_end, size=size,
+                     interp_type=types.INTERP_LINEAR, antialias=antialias, dtype=types.FLOAT)
