@@ -243,3 +243,33 @@ def test_logits_of_the_wrong_size_fail_naming_both(tmp_path, train_test_npz):
     job = make_job(TrainConfig(model="probe_seven_outputs", batch_size=16), *train_test_npz)
     with pytest.raises(PreflightError, match=r"gives logits \[2, 7\].*needs \[2, 10\]"):
         preflight(job)
+
+
+def test_the_preflight_reads_photos_through_the_tar_shards_not_ffcvs_compiled_pipeline(tmp_path, fmnist_artifact):
+    """FFCV compiles its pipeline on first use (seconds for one batch): the check reads the same
+    batch from the tar shards where the loader would use the .beton, and leaves every other
+    choice alone (a configured backend; the memory backend of fixed-size images; an artifact
+    without tar shards)."""
+    from sluice.stages.data.config import IngestConfig, ShardConfig
+    from sluice.stages.data.fashion_photos import make_fashion_photos
+    from sluice.stages.data.shard import shard_dataset
+    from sluice.stages.load.specs import ImagesData
+    folder = make_fashion_photos(tmp_path / "photos", n=100)
+    ingest = IngestConfig(source=str(folder), kind="folder", val_fraction=0, test_fraction=0, holdout_fraction=0)
+    photos = shard_dataset(ingest, tmp_path / "a", ShardConfig(progress=False, workers=1)).root
+    ffcv_only = shard_dataset(ingest, tmp_path / "b", ShardConfig(progress=False, workers=1, formats=["ffcv"])).root
+
+    def backend(root, **loader):
+        return ImagesData(root=root, loader=loader).for_preflight().loader.backend
+    assert backend(photos) == "webdataset" and backend(photos, backend="ffcv") == "webdataset"
+    assert backend(photos, backend="dali") == "dali"
+    assert backend(fmnist_artifact.root) == "auto"   # fixed size: the memory backend, as the ranks read it
+    assert backend(ffcv_only) == "auto"              # no tar shards to read instead
+    # and the batch is the one the ranks get, shape for shape
+    spec = ImagesData(root=photos, loader={"batch_size": 8, "augment": {"ops": [{"op": "center_crop", "size": 24}]}})
+    cheap, ranks = (s.build(rank=0, world_size=1, device=torch.device("cpu")) for s in (spec.for_preflight(), spec))
+    try:
+        (a, ya, ia), (b, yb, ib) = next(iter(cheap)), next(iter(ranks))
+        assert a.shape == b.shape == (8, 3, 24, 24) and torch.equal(ia, ib) and torch.equal(ya, yb)
+    finally:
+        cheap.close(), ranks.close()

@@ -59,6 +59,20 @@ class ImagesData(BaseModel):
         """The spec as a job carries it (complete already: its loader config says everything)."""
         return self
 
+    def for_preflight(self) -> "ImagesData":
+        """The spec the pre-flight check reads its one batch through: the same batches (the loader
+        contract holds on every backend), through the tar shards where the loader would read FFCV's
+        ``.beton``, whose pipeline is compiled on first use (seconds, for one batch)."""
+        from sluice.stages.load.choice import resolve_backend
+        from sluice.storage.artifact import open_artifact
+        if self.loader.backend not in ("auto", "ffcv"):
+            return self
+        for src in self.mixture.sources:
+            art = open_artifact(src.path)
+            if "webdataset" not in art.manifest.formats or resolve_backend(art, self.loader)[0] != "ffcv":
+                return self
+        return self.model_copy(update={"loader": self.loader.model_copy(update={"backend": "webdataset"})})
+
     def build(self, *, rank: int, world_size: int, device: torch.device | None = None,
               batch_scale: Fraction = Fraction(1)) -> LoaderBase:
         scores = np.load(self.scores, allow_pickle=False) if self.scores else None
@@ -90,6 +104,10 @@ class ArraysData(BaseModel):
         return self.model_copy(update={"batch_size": self.batch_size or batch_size, "seed": seed, "train": train,
                                        "normalize": self.normalize or normalize})
 
+    def for_preflight(self) -> "ArraysData":
+        """The spec the pre-flight check reads its one batch through: this one."""
+        return self
+
     def build(self, *, rank: int, world_size: int, device: torch.device | None = None,
               batch_scale: Fraction = Fraction(1)) -> LoaderBase:
         images, labels = named_arrays(self.path)
@@ -115,6 +133,10 @@ class TokensData(BaseModel):
 
     def completed(self, batch_size: int, seed: int, normalize: Normalize | None, train: bool) -> "TokensData":
         """The spec as a job carries it (complete already: its loader config says everything)."""
+        return self
+
+    def for_preflight(self) -> "TokensData":
+        """The spec the pre-flight check reads its one batch through: this one."""
         return self
 
     def build(self, *, rank: int, world_size: int, device: torch.device | None = None,

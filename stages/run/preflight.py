@@ -145,8 +145,9 @@ def _every_target(task: Task, targets: torch.Tensor, classes: int) -> None:
 
 
 def _first_batch(spec: DataSpec, split: str) -> Any:
-    """The first batch ``spec`` yields to rank 0 of one (its loader closed after)."""
-    loader = spec.build(rank=0, world_size=1, device=CPU)
+    """The first batch ``spec`` yields to rank 0 of one (its loader closed after), read the
+    cheapest way that gives the same batch (``for_preflight``)."""
+    loader = spec.for_preflight().build(rank=0, world_size=1, device=CPU)
     try:
         batch = next(iter(loader), None)
     finally:
