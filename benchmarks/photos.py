@@ -330,13 +330,18 @@ def results_section(d: dict[str, Any], name: str = "photos.json") -> list[str]:
     ratios = [x for x in d["ratios"] if x is not None]
     lp = d["loop"]
     out += [f"Against a plain PyTorch loop on the same photos (ImageFolder + RandomResizedCrop written out, the same "
-            f"model, size and recipe, {lp['workers']} DataLoader workers and {lp['threads']} threads, "
+            f"model, size and recipe, {lp['workers']} DataLoader worker{'s' * (lp['workers'] != 1)} and {lp['threads']} "
+            f"thread{'s' * (lp['threads'] != 1)}, the fastest of the recorded probe; "
             f"{lp['epochs']} epochs): Sluice reached {_pct(g2['target_acc'], 0)} test accuracy in "
             f"{_x(g2['median_ratio'])} the loop's wall time (median"
             + (f"; {_x(min(ratios))}–{_x(max(ratios))}" if ratios else "") + f"). Goal ≤ {_x(g2['ratio_at_most'])}: "
             f"**{'met' if g2['met'] else 'missed'}**. Trained samples a second (median, training time only): "
             f"Sluice {_s(statistics.median(c['samples_per_s'] for c in d['sluice']), '')}, the loop "
-            f"{_s(statistics.median(x['samples_per_s'] for x in d['plain']), '')}.", "",
+            f"{_s(statistics.median(x['samples_per_s'] for x in d['plain']), '')}. Where the time goes: Sluice's "
+            f"first evaluation, after one epoch, came {_s(statistics.median(c['evals'][0]['wall_s'] for c in d['sluice']))} "
+            f"after its process started (sharding {_s(statistics.median(c['shard_s'] for c in d['sluice']), ' s', 1)} "
+            f"of it, then the flow, the pre-flight and the torchrun ranks' start), the loop's "
+            f"{_s(statistics.median(x['evals'][0]['wall_s'] for x in d['plain']))}.", "",
             "| seed | night | night test acc | Sluice to 88% | loop to 88% | ratio |", "|---|---|---|---|---|---|",
             *[f"| {nt['seed']} | {_s(nt['wall_s'])} | {_pct(nt['test_acc'])} | {_s(c['cross_s'])} | {_s(lp['cross_s'])} "
               f"| {_x(rt) if rt is not None else 'Sluice missed'} |"

@@ -113,13 +113,14 @@ def loader_scale_quick(d: dict[str, Any]) -> list[str]:
 # one results file each, when it exists: (file, its benchmark's section)
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("time_to_accuracy.json", time_to_accuracy), ("time_to_accuracy_candidates.json", candidates),
-    ("time_to_accuracy_ablation.json", ablation), ("demo.json", demo), ("selection.json", selection),
+    ("time_to_accuracy_ablation.json", ablation), ("demo.json", demo),
+    ("photos.json", photos), ("photos_crop_sweep.json", photos_crop_sweep), ("photos_models.json", photos_models),
+    ("selection.json", selection),
     ("shard.json", shard), ("loader.json", loader), ("loader_checks.json", loader_checks),
     ("compression.json", compression),
     ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
-    ("shard_order.json", shard_order), ("photos.json", photos), ("photos_crop_sweep.json", photos_crop_sweep),
-    ("photos_models.json", photos_models),
+    ("shard_order.json", shard_order),
 ]
 
 # results files written once per host class: <stem>-<class>.json
