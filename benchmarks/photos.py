@@ -302,12 +302,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "probe": probe},
               "nights": nights, "sluice": curves, "plain": loops, **summarise(nights, curves, loops),
               "host_class_name": host_class("cpu"), "load_average_end": load_average()}
-    print(table([{"seed": c["seed"], "night s": nt["wall_s"], "night test acc": nt["test_acc"],
-                  f"Sluice to {TARGET:.0%} s": c["cross_s"], f"loop to {TARGET:.0%} s": lp["cross_s"], "ratio": r}
-                 for nt, c, lp, r in zip(nights, curves, loops, result["ratios"])],
-                ["seed", "night s", "night test acc", f"Sluice to {TARGET:.0%} s", f"loop to {TARGET:.0%} s", "ratio"]))
     name = results_name("photos", bare_on="avx512_bf16") + {"full": "", "quick": "_quick", "nights": "_nights"}[mode]
-    print(f"wrote {write_result(name, result)}")
+    written = write_result(name, result)
+    if curves:
+        print(table([{"seed": c["seed"], "night s": nt["wall_s"], "night test acc": nt["test_acc"],
+                      f"Sluice to {TARGET:.0%} s": c["cross_s"], f"loop to {TARGET:.0%} s": lp["cross_s"], "ratio": r}
+                     for nt, c, lp, r in zip(nights, curves, loops, result["ratios"])],
+                    ["seed", "night s", "night test acc", f"Sluice to {TARGET:.0%} s", f"loop to {TARGET:.0%} s",
+                     "ratio"]))
+    else:
+        print(table([{"seed": nt["seed"], "night s": nt["wall_s"], "night test acc": nt["test_acc"]} for nt in nights],
+                    ["seed", "night s", "night test acc"]))
+    print(f"wrote {written}")
     return result
 
 

@@ -59,3 +59,25 @@ def test_a_nights_only_run_claims_no_comparison():
          "sluice": [], "plain": []}
     text = "\n".join(ph.results_section(d, "photos-avx2_nights.json"))
     assert "not run on this host class" in text and "fp32" in text and "**met**" in text
+
+
+def test_a_nights_only_run_writes_its_file(monkeypatch, tmp_path):
+    """The whole of main in --nights-only mode, its nights stood in for: it writes the file it says."""
+    written = {}
+    roots = iter(tmp_path / f"night{k}" for k in range(3))
+
+    def night(folder, seed, sets=()):
+        root = next(roots)
+        (root / "datasets" / "photos").mkdir(parents=True)
+        return {"seed": seed, "wall_s": 90.0 + seed, "test_acc": 0.89, "promoted": True, "root": str(root)}
+    monkeypatch.setattr(ph, "photo_folder", lambda n: tmp_path)
+    monkeypatch.setattr(ph, "night", night)
+    monkeypatch.setattr(ph, "split_lists", lambda folder, art, out: {"train": 9643, "test": 1200})
+    monkeypatch.setattr(ph, "what_sluice_resolved", lambda root, amp: {"size": 32, "model": "bn_cnn", "amp": amp,
+                                                                      "mean": [0.3] * 3, "std": [0.27] * 3})
+    monkeypatch.setattr(ph, "write_result", lambda name, d: written.setdefault(name, d) and f"{name}.json")
+    result = ph.main(["--nights-only"])
+    [(name, d)] = written.items()
+    assert name.endswith("_nights") and d is result and d["mode"] == "nights" and not d["sluice"]
+    assert d["goals"]["night"]["median_wall_s"] == 91.0 and d["goals"]["night"]["met"]
+    assert "not run on this host class" in "\n".join(ph.results_section(d, f"{name}.json"))
