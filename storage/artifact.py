@@ -115,28 +115,24 @@ class DatasetArtifact:
         """The split's content sums (a CRC-32 of each sample's pixels, by split index); None for
         a split written before them."""
         rec = self.manifest.split(split)
-        if rec.content is None:
-            return None
-        try:
-            out = np.load(io.BytesIO(self.local(rec.content).read_bytes()), allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise ArtifactError(f"{self.root}: split {split!r} content sums are unreadable: {e}") from None
-        if out.shape != (rec.count,):
-            raise ArtifactError(f"{self.root}: split {split!r} has {out.shape} content sums for {rec.count} samples")
-        return out.astype(np.uint32)
+        return self._per_sample(split, rec.content, "content sums", (rec.count,))
 
     def sizes(self, split: str) -> np.ndarray | None:
         """The split's stored (height, width) per sample, (count, 2) uint32 by split index; None
         for a split written before them."""
         rec = self.manifest.split(split)
-        if rec.sizes is None:
+        return self._per_sample(split, rec.sizes, "sizes", (rec.count, 2))
+
+    def _per_sample(self, split: str, file: FileRecord | None, what: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        """A split's per-sample ``.npy`` (``what``, of ``shape``) as uint32; None where not written."""
+        if file is None:
             return None
         try:
-            out = np.load(io.BytesIO(self.local(rec.sizes).read_bytes()), allow_pickle=False)
+            out = np.load(io.BytesIO(self.local(file).read_bytes()), allow_pickle=False)
         except (ValueError, OSError) as e:
-            raise ArtifactError(f"{self.root}: split {split!r} sizes are unreadable: {e}") from None
-        if out.shape != (rec.count, 2):
-            raise ArtifactError(f"{self.root}: split {split!r} has sizes of shape {out.shape} for {rec.count} samples")
+            raise ArtifactError(f"{self.root}: split {split!r} {what} are unreadable: {e}") from None
+        if out.shape != shape:
+            raise ArtifactError(f"{self.root}: split {split!r} has {what} of shape {out.shape} for {shape[0]} samples")
         return out.astype(np.uint32)
 
     def live(self, split: str) -> np.ndarray:

@@ -22,20 +22,20 @@ from sluice.errors import SelectionError, StorageError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, SourceVersion,
                                       WarmSource)
-from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
 from sluice.stages.data.stats import image_stats
-from sluice.stages.kinds.image_recipe import resolve, train_ops
+from sluice.stages.kinds.image_recipe import ImageRecipe, resolve, train_ops
+from sluice.stages.load import AugmentSpec, LoaderConfig, SamplerConfig
 from sluice.stages.load.augment import Normalize, eval_resize
 from sluice.stages.load.canvas import stored_channels
-from sluice.stages.train.dist import wants_cuda
-from sluice.storage.manifest import ImageStats, SizeSummary, Spread
 from sluice.stages.load.specs import ImagesData
 from sluice.stages.select import SELECTION_METHODS
 from sluice.stages.select.config import SelectionConfig
 from sluice.stages.train.config import TrainConfig
+from sluice.stages.train.dist import wants_cuda
 from sluice.storage.artifact import open_artifact
 from sluice.storage.fingerprint import combine
 from sluice.storage.lineage import IMAGE_SPLIT_RULE
+from sluice.storage.manifest import ImageStats, SizeSummary, Spread
 
 # Evaluation reads every sample of the eval split once, in order, at a batch size that keeps its
 # per-batch overhead small; it never augments beyond normalising.
@@ -234,12 +234,11 @@ class ImageKind(DataKind):
     def train_config(self, train: TrainConfig, version: ImageVersion) -> TrainConfig:
         """The version's channels and classes, and what ``auto`` resolves to for its images
         (``image_recipe``: input size, model, normalisation)."""
-        recipe = resolve(train, version.stats, version.shape, "cuda" if wants_cuda(train.device) else "cpu")
         return train.model_copy(update={"in_channels": version.channels, "num_classes": version.num_classes,
-                                        **recipe.updates})
+                                        **_recipe(train, version).updates})
 
     def explain(self, train: TrainConfig, version: ImageVersion) -> list[str]:
-        return resolve(train, version.stats, version.shape, "cuda" if wants_cuda(train.device) else "cpu").notes
+        return _recipe(train, version).notes
 
     def data_specs(self, train: TrainConfig, data: ImageData, version: DatasetVersion, *, eval_split: str,
                    batch_size: int, selects: bool, subsets: dict[str, str] | None = None,
@@ -348,6 +347,11 @@ class ImageKind(DataKind):
         if version.damaged_sources:
             lines.append(f"- **damaged source files kept in part: {version.damaged_sources}** (see the manifest)")
         return lines
+
+
+def _recipe(train: TrainConfig, version: ImageVersion) -> ImageRecipe:
+    """``train``'s ``auto`` settings resolved for ``version``'s images on the device it trains on."""
+    return resolve(train, version.stats, version.shape, "cuda" if wants_cuda(train.device) else "cpu")
 
 
 def train_stats(arts: Sequence[Any]) -> ImageStats | None:
