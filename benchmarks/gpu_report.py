@@ -67,3 +67,35 @@ def batch_ab_section(d: dict[str, Any]) -> list[str]:
     return out + ["", "At 256 per rank an epoch costs about a third of the time, but 5.5 epochs reach 93% on "
                   "one seed of three: the recipe keeps 64 per rank on CUDA (`stages/host.py`) until a budget "
                   "that reaches 93% at 256 on every seed is measured."]
+
+
+def check_section(d: dict[str, Any], name: str = "gpu_check.json") -> list[str]:
+    """``make gpu-check``'s summary: the front door (``sluice demo`` and a second night) as a user
+    runs it on one GPU, then ``pytest -m gpu`` and ``benchmarks.gpu --quick``: what passed and
+    what the runs resolved to."""
+    base, steps, meta = d.get("base") or {}, d.get("steps") or {}, d.get("_meta") or {}
+    lines = [f"The front door on one GPU (`make gpu-check`, `benchmarks/results/{name}`): {base.get('gpu')}, "
+             f"torch {base.get('torch')}, Python {base.get('version')}, nothing set by hand "
+             f"(no training settings; the recipe and the host decide). One run, {meta.get('date', 'undated')}.", "",
+             "| step | outcome | seconds | resolved to | val / test accuracy | promoted |", "|---|---|---|---|---|---|"]
+    for step in ("install", "imports", "demo", "night", "pytest", "benchmark"):
+        s = steps.get(step)
+        if s is None:
+            lines.append(f"| {step} | not run | | | | |")
+            continue
+        acc = f"{_pct(s['accuracy'], 2)} / {_pct(s['report_accuracy'], 2)}" if "accuracy" in s else ""
+        what = "ok" if s.get("ok") else ("timed out" if s.get("timed_out") else "FAILED")
+        if step == "pytest" and "tests" in s:
+            what += f": {s['tests'] - s.get('skipped', 0) - s.get('failures', 0) - s.get('errors', 0)} passed, " \
+                    f"{s.get('failures', 0) + s.get('errors', 0)} failed, {s.get('skipped', 0)} skipped"
+        warm = (s.get("registry") or {}).get("models", [{}])[-1].get("warm_start") if step == "night" else None
+        promoted = "" if "promoted" not in s else ("yes" if s["promoted"] else "no") + f" ({s.get('reason')})"
+        if warm:
+            promoted += f"; warm from the demo's champion ({warm['new']:,} new + {warm['replayed']:,} replayed)"
+        lines.append(f"| {step} | {what} | {s.get('seconds', 0):.0f} | {s.get('resolved', '')} | {acc} | {promoted} |")
+    if d.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(f"{s['what']} ({s['why']})" for s in d["skipped"]) + "."]
+    if meta.get("earlier_attempt"):
+        lines += ["", f"Before this run: {meta['earlier_attempt']}."]
+    return lines + ["", f"Source: `benchmarks/results/{name}`; `{meta.get('command', 'command not recorded')}`; "
+                        f"commit `{str(meta.get('commit', '?'))[:12]}`."]

@@ -30,6 +30,7 @@ from benchmarks.demo import results_section as demo
 from benchmarks.gpu_loader_report import cpu_section as gpu_loader_cpu
 from benchmarks.gpu_loader_report import results_section as gpu_loader
 from benchmarks.gpu_report import batch_ab_section as gpu_batch_ab
+from benchmarks.gpu_report import check_section as gpu_check
 from benchmarks.gpu_report import results_section as gpu
 from benchmarks.host_layout import results_section as host_layout
 from benchmarks.hostinfo import class_of
@@ -183,10 +184,11 @@ GPU_RUNS = ("gpu.json", "gpu-repeat.json")
 def render_gpu() -> str:
     """The GPU section; it says so plainly when no GPU results are committed."""
     files = [(n, d) for n in GPU_RUNS if (d := _load(n)) is not None]
-    loader = _load("gpu_loader.json")
-    if not files and loader is None:
+    loader, check = _load("gpu_loader.json"), _load("gpu_check.json")
+    if not files and loader is None and check is None:
         return "No GPU results are committed: this page claims none.\n"
-    lines = gpu(files) if files else []
+    lines = (gpu_check(check) + [""]) if check is not None else []
+    lines += gpu(files) if files else []
     if (ab := _load("gpu_batch_ab.json")) is not None:
         lines += [""] + gpu_batch_ab(ab)
     lines += [""] + (gpu_loader(loader) if loader is not None else [

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from benchmarks.tokens_common import CACHE, GOALS, ROOT, SOURCES, _stats, debian_text, log
+from sluice.stages.contracts import PassThroughLoader
 
 # e2e: corpus (documents per source), model and budget. The target (bits per byte of the
 # validation text) is fixed here before the timed runs; ``--calibrate`` records the sweep it was
@@ -214,36 +215,8 @@ class _Reached(Exception):
     pass
 
 
-class _Wrapped:
+class _Wrapped(PassThroughLoader):
     """A loader that passes the trainer's loader contract through to ``self.loader``."""
-    loader: Any
-
-    @property
-    def names(self) -> list[str]:
-        return self.loader.names
-
-    @property
-    def device(self) -> Any:
-        return self.loader.device
-
-    @property
-    def epoch(self) -> int:
-        return self.loader.epoch
-
-    def report(self) -> Any:
-        return self.loader.report()
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def set_epoch(self, e: int) -> None:
-        self.loader.set_epoch(e)
-
-    def state_dict(self) -> dict:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, s: dict) -> None:
-        self.loader.load_state_dict(s)
 
 
 class _StopAtTarget(_Wrapped):

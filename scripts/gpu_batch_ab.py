@@ -33,7 +33,9 @@ def setup(out: Path, seeds: str) -> int:
     (src / "benchmarks" / "results").mkdir()
     shutil.copy(Path(__file__), src / "ab.py")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SLUICE_CACHE_DIR": str(work / "cache"),
-           "SLUICE_FASHION_MNIST": str(wh / "data" / "fashion-mnist"), "PYTHONUNBUFFERED": "1"}
+           "SLUICE_FASHION_MNIST": str(g.wheelhouse_fashion_mnist(wh / "data" / "fashion-mnist",
+                                                                  work / "fashion-mnist")),
+           "PYTHONUNBUFFERED": "1"}
     os.chdir(src)  # exec: the same pid, so `timeout` around this script stops the runs too
     os.execve(str(vpy), [str(vpy), "ab.py", "--run", str(out), seeds], env)
 

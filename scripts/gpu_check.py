@@ -9,7 +9,9 @@ On a Linux machine with an NVIDIA GPU and a CUDA build of torch already installe
    interpreter with torch is itself a virtualenv, a ``.pth`` file naming its site-packages);
 2. installs Sluice, Prefect and what else the image lacks from the wheelhouse (``make
    wheelhouse``; scripts/gpu-wheelhouse.txt says what and why), with ``--no-index --no-deps``:
-   torch is never pulled;
+   torch is never pulled; where the image has no Fashion-MNIST, the wheelhouse's (its image files
+   stored as xz, to fit with the checkout in what can be carried) is expanded into the throwaway
+   folder as the ``.gz`` files Sluice reads, and ``SLUICE_FASHION_MNIST`` names it;
 3. checks what the GPU tests and the benchmark import (without Prefect), what the front door
    imports (Prefect and its API server), and where each module comes from;
 4. runs the front door as a user does, nothing set by hand: ``sluice demo`` (Prefect's temporary
@@ -46,7 +48,9 @@ else ``.venv/bin/python``.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import lzma
 import os
 import re
 import shutil
@@ -68,7 +72,7 @@ from gpu_check_proc import fail, run, say  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TEST_FILES = ["tests/test_gpu_paths.py", "tests/test_train.py", "tests/test_loader_dali.py",
                   "tests/test_placement.py", "tests/test_loader_on_gpu.py", "tests/test_step_syncs.py",
-                  "tests/test_infobatch_mask.py"]
+                  "tests/test_infobatch_mask.py", "tests/test_decode_device.py"]
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 # what the GPU tests and benchmarks.gpu import: from the image, or from the wheelhouse (*); in a
 # process of their own, which must not import Prefect
@@ -328,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                "GPU_CHECK_COMMIT": _commit()}
         if not DEBIAN_FMNIST.is_dir() and not os.environ.get("SLUICE_FASHION_MNIST") \
                 and (wh / "data" / "fashion-mnist").is_dir():
-            env["SLUICE_FASHION_MNIST"] = str(wh / "data" / "fashion-mnist")
+            t = time.time()
+            fm_wh = wheelhouse_fashion_mnist(wh / "data" / "fashion-mnist", work / "fashion-mnist-wheelhouse")
+            env["SLUICE_FASHION_MNIST"] = str(fm_wh)
+            summary["fashion_mnist"] = {"from": str(wh / "data" / "fashion-mnist"), "at": str(fm_wh),
+                                        "seconds": round(time.time() - t, 1)}
 
         if args.loader:  # the GPU loader benchmark alone (GPU_CHECK_ARGS=--loader)
             steps["loader"] = loader_step(vpy, out, src, env, limit("loader"), args.full, summary)
@@ -470,6 +478,26 @@ def loader_step(vpy: Path, out: Path, src: Path, env: dict, timeout: float | Non
     summary["skipped"] += [{"what": f"loader benchmark: {k}", "why": v} for k, v in res.get("skipped", {}).items()]
     return {"ok": rc == 0 and bool(ran), "rc": rc, "timed_out": rc == 124, "arms_measured": len(ran),
             "seconds": round(time.time() - t, 1)}
+
+
+def wheelhouse_fashion_mnist(src: Path, dest: Path) -> Path:
+    """The wheelhouse's Fashion-MNIST as Sluice reads it: each ``<name>.xz`` (the image files,
+    stored as xz by ``make wheelhouse`` so that it fits in what can be carried with the checkout)
+    expanded into ``dest`` as ``<name>.gz`` (gzip level 1: written in seconds), the ``.gz`` files
+    copied beside them; ``src`` itself where it holds no ``.xz`` (a wheelhouse built before)."""
+    packed = sorted(src.glob("*-ubyte.xz"))
+    if not packed:
+        return src
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in packed:
+        tmp = dest / (f.stem + ".gz.tmp")
+        with lzma.open(f) as i, gzip.open(tmp, "wb", compresslevel=1) as o:
+            shutil.copyfileobj(i, o, 1 << 20)
+        os.replace(tmp, dest / (f.stem + ".gz"))
+    for f in sorted(src.glob("*-ubyte*")):
+        if f.suffix != ".xz" and not (dest / f.name).exists():
+            shutil.copy(f, dest / f.name)
+    return dest
 
 
 def _commit() -> str:

@@ -205,6 +205,53 @@ class ResumableLoader(Protocol):
     def report(self) -> LoaderReport: ...
 
 
+class PassThroughLoader:
+    """A loader that is ``self.loader`` with one thing changed (a subclass overrides
+    ``__iter__``, say): every member of :class:`ResumableLoader` delegated by name. Not through
+    ``__getattr__`` alone: from Python 3.12 ``isinstance`` against a runtime protocol looks members
+    up statically, and a wrapper that only forwards unknown attributes is refused (one was, on the
+    GPU machine's 3.12). Anything else a loader offers still forwards through ``__getattr__``."""
+    loader: Any
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def names(self) -> list[str]:
+        return self.loader.names
+
+    @property
+    def device(self) -> Any:
+        return self.loader.device
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def report(self) -> LoaderReport:
+        return self.loader.report()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "loader":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+
 class Sampler(Protocol):
     """The order of one epoch: the same global sequence on every rank for the same epoch."""
     def __len__(self) -> int: ...

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -47,15 +48,108 @@ def test_gpu_check_without_a_gpu_stops_with_one_clear_line(tmp_path):
     assert "Traceback" not in r.stderr and not (tmp_path / "res").exists()
 
 
+def _size_check(wheelhouse: Path, max_mib: int, checkout: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "build_wheelhouse.sh"), "--check-size", str(wheelhouse)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MAX_MIB": str(max_mib), "CHECKOUT": str(checkout)})
+
+
 def test_wheelhouse_size_check_rejects_oversize(tmp_path):
     (tmp_path / "big.whl").write_bytes(b"\0" * (2 * 1024 * 1024 + 1))
-    script = ROOT / "scripts" / "build_wheelhouse.sh"
-    over = subprocess.run(["bash", str(script), "--check-size", str(tmp_path)], capture_output=True, text=True,
-                          env={**os.environ, "MAX_MIB": "2"})
+    over = _size_check(tmp_path, 2, "none")
     assert over.returncode == 1 and "over the 2 MiB budget" in over.stderr and "big.whl" in over.stderr
-    ok = subprocess.run(["bash", str(script), "--check-size", str(tmp_path)], capture_output=True, text=True,
-                        env={**os.environ, "MAX_MIB": "3"})
-    assert ok.returncode == 0 and "budget 3 MiB" in ok.stdout
+    ok = _size_check(tmp_path, 3, "none")
+    assert ok.returncode == 0 and "budget 3 MiB" in ok.stdout and "no git checkout" in ok.stdout
+
+
+def test_wheelhouse_size_check_counts_the_checkout_carried_with_it(tmp_path):
+    """What travels is the wheelhouse and the checkout (tracked, and untracked but not ignored):
+    a wheelhouse within the budget alone is refused when the checkout takes it over, and the
+    ignored files (the wheelhouse itself, results) are not counted; outside a git checkout, the
+    wheelhouse alone."""
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "a.whl").write_bytes(b"\0" * (3 * 1024 * 1024 // 2))  # 1.5 MiB
+    co = tmp_path / "checkout"
+    (co / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(co)], check=True, timeout=60)
+    (co / ".gitignore").write_text("ignored/\n")
+    (co / "src" / "tracked.bin").write_bytes(b"\1" * (1024 * 1024))  # 1 MiB, tracked
+    subprocess.run(["git", "-C", str(co), "add", "src/tracked.bin", ".gitignore"], check=True, timeout=60)
+    (co / "untracked.bin").write_bytes(b"\2" * (512 * 1024))  # 0.5 MiB, travels too
+    (co / "ignored").mkdir()
+    (co / "ignored" / "huge.bin").write_bytes(b"\3" * (8 * 1024 * 1024))  # ignored: stays
+    assert _size_check(wh, 2, "none").returncode == 0  # 1.5 MiB alone
+    over = _size_check(wh, 2, co)  # 1.5 + 1.5 MiB
+    assert over.returncode == 1 and "over the 2 MiB budget" in over.stderr, over.stderr
+    assert "3.0 MiB to carry" in over.stderr and "the checkout" in over.stderr and "1.5 MiB, git ls-files: 0.5 MiB of it untracked" in over.stderr
+    assert "tracked.bin" in over.stderr and "huge.bin" not in over.stderr
+    ok = _size_check(wh, 4, co)
+    assert ok.returncode == 0 and "(1.5 MiB) + the checkout" in ok.stdout and "= 3.0 MiB to carry (budget 4 MiB)" in ok.stdout
+    plain = tmp_path / "plain"  # not a git checkout: the wheelhouse alone
+    (plain / "x").mkdir(parents=True)
+    (plain / "x" / "big.bin").write_bytes(b"\0" * (4 * 1024 * 1024))
+    assert _size_check(wh, 2, plain).returncode == 0
+    # this checkout is counted by default
+    here = subprocess.run(["bash", str(ROOT / "scripts" / "build_wheelhouse.sh"), "--check-size", str(wh)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "MAX_MIB": "1000"})
+    assert here.returncode == 0 and f"+ the checkout {ROOT}" in here.stdout, here.stdout + here.stderr
+
+
+def _fake_fashion_mnist(root: Path) -> dict[str, bytes]:
+    """Four tiny IDX files as ``*-ubyte.gz`` (gzip level 9, as Fashion-MNIST ships): their bytes."""
+    rng = np.random.default_rng(1)
+    raw = {}
+    for name, a in (("train-images-idx3", rng.integers(0, 255, (40, 28, 28), dtype=np.uint8)),
+                    ("train-labels-idx1", np.arange(40, dtype=np.uint8) % 10),
+                    ("t10k-images-idx3", rng.integers(0, 255, (9, 28, 28), dtype=np.uint8)),
+                    ("t10k-labels-idx1", np.arange(9, dtype=np.uint8))):
+        raw[f"{name}-ubyte"] = struct.pack(">HBB", 0, 8, a.ndim) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes()
+        _idx(root / f"{name}-ubyte.gz", a)
+    return raw
+
+
+@pytest.mark.parametrize("xz", ["xz", "/nonexistent/xz"])  # the xz command; where missing, Python's lzma
+def test_the_wheelhouse_stores_the_images_as_xz_and_the_check_expands_them(tmp_path, xz):
+    """`make wheelhouse` stores Fashion-MNIST's image files as xz (the labels as .gz); gpu_check
+    expands them into its throwaway folder as the .gz files Sluice reads, the same bytes inside,
+    and the IDX source reads the folder as it reads the original."""
+    import lzma
+
+    from sluice.stages.data.sources.idx import IdxSource
+    from sluice.stages.load.arrays import fashion_mnist
+    if xz == "xz" and not shutil.which("xz"):
+        pytest.skip("no xz command here")
+    src, wh = tmp_path / "fashion-mnist", tmp_path / "wh" / "data" / "fashion-mnist"
+    src.mkdir()
+    raw = _fake_fashion_mnist(src)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_wheelhouse.sh"), "--pack-fashion-mnist", str(src), str(wh)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "XZ": xz})
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in wh.iterdir()) == ["t10k-images-idx3-ubyte.xz", "t10k-labels-idx1-ubyte.gz",
+                                                    "train-images-idx3-ubyte.xz", "train-labels-idx1-ubyte.gz"]
+    for name in ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"):
+        assert lzma.decompress((wh / f"{name}.xz").read_bytes()) == raw[name]
+    gc = _gpu_check()
+    work = tmp_path / "work"
+    fm = gc.wheelhouse_fashion_mnist(wh, work / "fm")
+    assert fm == work / "fm" and sorted(p.name for p in fm.iterdir()) == sorted(f"{n}.gz" for n in raw)
+    for name, data in raw.items():
+        assert gzip.decompress((fm / f"{name}.gz").read_bytes()) == data, name
+    got, want = IdxSource(fm), IdxSource(src)
+    assert (got._images["train"] == want._images["train"]).all() and (got._labels["test"] == want._labels["test"]).all()
+    for split in ("train", "test"):  # the reader of {prefix}-images-idx3-ubyte.gz, as the GPU tests read it
+        (x, y), (x0, y0) = fashion_mnist(split, str(fm)), fashion_mnist(split, str(src))
+        assert (x == x0).all() and (y == y0).all() and len(x) == (40 if split == "train" else 9)
+
+
+def test_a_wheelhouse_of_plain_gz_files_is_read_where_it_is(tmp_path):
+    """An older wheelhouse (every file .gz) is used as it is: nothing expanded, nothing copied."""
+    gc = _gpu_check()
+    (tmp_path / "wh").mkdir()
+    _fake_fashion_mnist(tmp_path / "wh")
+    assert gc.wheelhouse_fashion_mnist(tmp_path / "wh", tmp_path / "work" / "fm") == tmp_path / "wh"
+    assert not (tmp_path / "work").exists()
 
 
 def test_wheelhouse_holds_the_front_door_at_the_tested_versions_and_no_torch():

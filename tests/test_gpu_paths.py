@@ -158,7 +158,7 @@ def test_loader_transfer_overlaps_compute(rgb_artifact):
     assert len(made) >= n_before + 2, "the loader's thread stalled behind the caller's kernel"
     assert busy, "the caller's kernel finished first: nothing was shown to overlap"
     x, y, i = next(it)  # handed over: the caller's stream waits for the side stream's event
-    assert torch.isfinite(x).all() and x.shape[0] == 32 and first[0].shape == x.shape
+    assert torch.isfinite(x).all() and x.shape[0] == 32 and first.inputs["images"].shape == x.shape
     torch.cuda.synchronize()
 
 
@@ -278,7 +278,8 @@ def test_amp_auto_resolves_as_documented():
         r = train(dict(model="small_cnn", model_kwargs={"width": 8}, in_channels=3, max_steps=4,
                        batch_size=32, amp=amp, device="cuda", progress=False), ArrayLoader(x, y, 32))
         assert r.summary["amp"] == resolved
-        assert r.summary["host"].startswith(f"cuda: {'fp32' if resolved == 'none' else resolved}")
+        host = r.summary["host"]  # "cuda: 1 × H200, bf16, 1 rank x 1 thread, ..."
+        assert host.startswith("cuda: ") and f", {'fp32' if resolved == 'none' else resolved}, " in host, host
         assert ("grad_scale" in r.metrics[-1]) == (resolved == "fp16")
 
 

@@ -137,11 +137,13 @@ def test_gpu_each_rank_sets_its_device_before_anything_allocates(tmp_path, train
 @pytest.mark.gpu
 def test_gpu_out_of_memory_in_a_run_is_a_clear_error(tmp_path, train_test_npz):
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(0.002)  # ~160 MB of an 80 GB card
+    # ~100 MB whatever the card (an H200 has 139 GiB); one batch of all 2048 training images
+    # (a larger batch is refused by the loader first, before any memory is asked for)
+    torch.cuda.set_per_process_memory_fraction(100e6 / torch.cuda.get_device_properties(0).total_memory)
     try:
-        with pytest.raises(TrainError, match=r"out of memory on rank 0 .*train.batch_size=4096 per rank.*"
-                                             r"train.batch_size: 2048"):
-            launch(_job(train_test_npz, device="cuda", batch_size=4096, model="bn_cnn", model_kwargs={}),
+        with pytest.raises(TrainError, match=r"out of memory on rank 0 .*train.batch_size=2048 per rank.*"
+                                             r"train.batch_size: 1024"):
+            launch(_job(train_test_npz, device="cuda", batch_size=2048, model="bn_cnn", model_kwargs={}),
                    nproc=1, out_dir=tmp_path, **QUIET)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)

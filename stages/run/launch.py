@@ -35,6 +35,7 @@ import torch
 from pydantic import ValidationError
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError, SluiceError, TrainError
+from sluice.stages.contracts import PassThroughLoader
 from sluice.stages.load.augment import Normalize
 from sluice.stages.load.specs import DataSpec
 from sluice.process_rules import die_with_parent_preexec, stop_group
@@ -199,12 +200,13 @@ def run_in_process(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | 
         torch.set_num_threads(threads)  # the rank took every core; this process keeps its own setting
 
 
-class TimeLimited:
+class TimeLimited(PassThroughLoader):
     """A train loader that stops the run once ``deadline`` (monotonic) passes, between batches:
     the in-process stand-in for the torchrun watchdog. Everything else is the loader's."""
 
     def __init__(self, loader: Any, deadline: float, timeout_s: float):
-        self.loader, self.deadline, self.timeout_s = loader, deadline, timeout_s
+        super().__init__(loader)
+        self.deadline, self.timeout_s = deadline, timeout_s
 
     def __iter__(self):
         for batch in self.loader:
@@ -212,12 +214,6 @@ class TimeLimited:
                 raise LaunchError(f"training exceeded timeout_s={self.timeout_s:g} and was stopped; "
                                   "its last checkpoint is kept")
             yield batch
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
 
 
 def prepare_run(job: TrainJob | dict[str, Any], out_dir: str | os.PathLike | None) -> tuple[Path, Path, TrainJob]:

@@ -63,8 +63,10 @@ class WarmupEMA(AveragedModel):
             for (device, dtype), (a, b) in groups.items():
                 if not dtype.is_floating_point:  # counters (BN's num_batches_tracked): the current value
                     torch._foreach_copy_(a, b)
-                else:
-                    torch._foreach_lerp_(a, b, w.to(device, dtype))
+                else:  # the weight as one tensor per parameter: a single tensor would be read
+                    # back as a Python scalar, a host sync every step on CUDA (seen on an H200)
+                    wd = w.to(device, dtype)
+                    torch._foreach_lerp_(a, b, [wd] * len(a))
         self.n_averaged += 1
 
 
