@@ -31,4 +31,4 @@ gpu-check:
 	@python3 scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache sluice-data
+	rm -rf $(VENV) .venv-mlflow .pytest_cache sluice-data

@@ -19,8 +19,13 @@ def cmd_shard(args: argparse.Namespace) -> int:
     from sluice.flows.config import load_config
     from sluice.stages.kinds import kind_claiming
     kind = kind_claiming(args.source, args.kind)
+    from sluice.errors import ConfigError
+    from sluice.stages.data.engine import EngineConfig, shard_map
     cfg = load_config(kind.ShardConfig, args.config, args.overrides + kind.shard_overrides(args.source))
-    print(kind.shard(args.source, args.out, cfg, progress=not args.quiet))
+    engine = EngineConfig(name=args.engine, address=args.address)
+    if engine.address and engine.name != "ray":
+        raise ConfigError("--address names a Ray cluster: give it with --engine ray")
+    print(kind.shard(args.source, args.out, cfg, progress=not args.quiet, map_shards=shard_map(engine)))
     return 0
 
 
@@ -54,6 +59,14 @@ def _print_outcome(cfg, result: dict) -> None:
     host = result.get("train", {}).get("summary", {}).get("host")
     if host:
         print(f"trained on       : {host}")
+    for t in result.get("tracking") or []:  # stages/track: where the night is mirrored
+        state = (f"BEHIND ({t['behind']})" + ("; the next night catches up" if t.get("retry", True) else "")) \
+            if t.get("behind") else "up to date"
+        print(f"tracking         : {t['tracker']} {t['where']}: {state}")
+        if t["tracker"] == "mlflow" and t["where"].startswith("sqlite:") and not t.get("behind"):
+            store = t["where"].split(",")[0]
+            print(f"                   browse: MLFLOW_DISABLE_TELEMETRY=true mlflow ui --backend-store-uri {store}"
+                  "  (docs/tracking.md)")
     print("=" * 72)
 
 
@@ -193,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kind", default=None, help="the kind of data (image, tokens, ...; default: the kind that "
                                                  "recognises SOURCE)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="where the shard writes run: this machine's pool (local) or a Ray cluster (ray)")
+    s.add_argument("--address", default=None, help="with --engine ray: the Ray head's host:port; none: start a Ray "
+                   "instance on 127.0.0.1 with token authentication")
     _add_config_args(s)
     s.set_defaults(fn=cmd_shard)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -26,6 +27,7 @@ from sluice.flows.retry import retry_unless_deterministic
 from sluice.stages.host import usable_cores
 from sluice.stages.kinds import DatasetVersion
 from sluice.stages.train.job import TrainJob
+from sluice.storage import atomic
 
 
 def _config(config: PipelineConfig | dict[str, Any] | None) -> PipelineConfig:
@@ -43,8 +45,11 @@ def _log(line: str) -> None:
       retry_condition_fn=retry_unless_deterministic)
 def prepare_task(c: PipelineConfig) -> DatasetVersion:
     """Each source's dataset version under ``datasets/<name>``: found when it exists, written
-    (on top of the last version when the source grew) otherwise."""
-    return prepare_data(c, log=_log)
+    (on top of the last version when the source grew) otherwise. With ``engine: ray`` the shard
+    writes run as Ray tasks inside this one Prefect task: Prefect keeps one state and one retry for
+    the stage, Ray re-runs a part whose node was lost, and the stage merges the parts itself."""
+    from sluice.stages.data.engine import shard_map
+    return prepare_data(c, log=_log, map_shards=shard_map(c.engine, _log))
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_deterministic)
@@ -157,11 +162,30 @@ def run_summary(version: DatasetVersion, il: dict[str, Any] | None, trained: dic
             "selection": {k: v for k, v in trained["summary"].items() if k.startswith("sel")}}
 
 
+@task(name="track")
+def track_task(c: PipelineConfig, version: DatasetVersion) -> list[dict[str, Any]]:
+    """Every candidate in the registry mirrored to each tracker (``tracking``; MLflow by
+    default): tonight's, and any an earlier night could not mirror. Never fails the night: a
+    tracker that cannot be reached is reported behind."""
+    from sluice.stages.track import mirror_registry
+    return mirror_registry(c.tracking, c.data_root, c.registry_dir(), c.kind(), version, _log)
+
+
 @task(name="report")
-def report_task(summary: dict[str, Any], metrics_path: str) -> str:
+def report_task(summary: dict[str, Any], metrics_path: str, run_dir: str | None = None) -> str:
+    """The night's report: a Prefect artifact, and ``report.md`` in the run folder."""
     md = report_markdown(summary, metrics_path)
     create_markdown_artifact(markdown=md, key="nightly-summary", description="Sluice nightly run summary")
+    if run_dir and Path(run_dir).is_dir():
+        atomic.write_bytes(Path(run_dir) / "report.md", md.encode())
     return md
+
+
+@task(name="track-report")
+def track_report_task(c: PipelineConfig, model_id: str, run_dir: str) -> dict[str, str | None]:
+    from sluice.stages.track import attach_report
+    return attach_report(c.tracking, c.data_root, c.registry_dir(), c.kind(), model_id,
+                         Path(run_dir) / "report.md", _log)
 
 
 # ------------------------------------------------------------------ flows
@@ -204,12 +228,16 @@ def train(config: PipelineConfig | None = None, data: DatasetVersion | None = No
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     run_dir = c.runs_dir() / f"{stamp}-{run.get('flow_run_name', 'local')}"
     trained = train_task(c, version, il, str(run_dir))
-    decision = promote_task(c, version, trained, run)
+    decision = promote_task(c, version, trained, {**run, "run_dir": str(run_dir)})
+    tracked = track_task(c, version) if c.tracking.on else []
     report_task({**run_summary(version, il, trained, decision, c.promotion.report_split, c.kind()),
-                 "verify": checked, "preflight": trained["preflight"]}, trained["metrics_path"])
+                 "verify": checked, "preflight": trained["preflight"], "tracking": tracked},
+                trained["metrics_path"], str(run_dir))
+    if tracked and decision["model_id"] in {m for t in tracked for m in t["added"]}:
+        track_report_task(c, decision["model_id"], str(run_dir))
     return {"dataset": version, "il": il, "verify": checked, "preflight": trained["preflight"],
             "train": {k: v for k, v in trained.items() if k not in ("evals", "preflight")}, "promotion": decision,
-            "run_dir": str(run_dir)}
+            "tracking": tracked, "run_dir": str(run_dir)}
 
 
 @flow(name="nightly-retrain", log_prints=True)

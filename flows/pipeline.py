@@ -21,6 +21,8 @@ from sluice.stages.load.config import loader_device
 from sluice.stages.select import SelectionConfig
 from sluice.stages.select.base import SELECTION_METHODS
 from sluice.stages.train.config import TrainConfig
+from sluice.stages.data.engine import EngineConfig
+from sluice.stages.track.config import TrackingConfig
 from sluice.stages.train.dist import wants_cuda
 from sluice.stages.run.assemble import assemble_job
 from sluice.stages.train.job import TrainJob
@@ -86,6 +88,14 @@ class PipelineConfig(BaseModel):
                                             "threads or processes (Prefect task runners), or "
                                             "dask://host:port (a Dask cluster via prefect-dask; workers must "
                                             "see the same paths)")
+    engine: EngineConfig = Field(default_factory=EngineConfig,
+                                 description="where the data stages' parts run: local (this machine's pool) or "
+                                             "ray (a Ray cluster: engine.address, or one started on 127.0.0.1); "
+                                             "the image shard map so far (stages/data/engine.py)")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                     description="where each night's run and candidate are mirrored: MLflow (an "
+                                                 "embedded SQLite store under data_root by default; tracking.uri: "
+                                                 "none turns it off) and other registered trackers (stages/track)")
     train_timeout_s: float = Field(3600, gt=0)
     keep_versions: int | None = Field(7, ge=1, description="the nightly flow ends with `sluice gc --keep N` on "
                                       "the dataset's versions (incremental versions reuse their parents' files, "
@@ -111,6 +121,13 @@ class PipelineConfig(BaseModel):
     def _the_kinds_shape(cls, v: Any) -> DataConfig:
         """The section as its kind declares it (``DATA_KINDS``)."""
         return data_config(v)
+
+    @model_validator(mode="after")
+    def _one_place_for_the_shard_map(self) -> "PipelineConfig":
+        if self.engine.name != "local" and self.prepare_runner != "local":
+            raise ValueError(f"engine: {self.engine.name} and prepare_runner: {self.prepare_runner} both say where the "
+                             "shard writes run: keep one (prepare_runner: local with an engine)")
+        return self
 
     @model_validator(mode="after")
     def _one_seed(self) -> "PipelineConfig":

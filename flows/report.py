@@ -176,10 +176,22 @@ def markdown_summary(s: dict[str, Any]) -> str:
         lines.append("- selection: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                 for k, v in sel.items()))
     lines += ["", "## Evaluation and promotion"] + _promotion(s.get("promotion", {}), samples)
+    tracked = s.get("tracking")
+    if tracked:  # stages/track: the mirror of this night (and any earlier one it caught up)
+        lines += ["", "## Tracking"] + [_tracked(t) for t in tracked]
     charts = s.get("charts", {})
     if charts:
         lines += ["", "## Training curves"] + [f"![{name}]({uri})" for name, uri in charts.items()]
     return "\n".join(lines) + "\n"
+
+
+def _tracked(t: dict[str, Any]) -> str:
+    """One tracker's line: where, what it mirrored tonight, and whether it is behind."""
+    added = t.get("added") or []
+    state = (f"**mirror behind**: {t['behind']} (the night is not affected"
+             + ("; the next night catches up)" if t.get("retry", True) else ")") if t.get("behind") else "up to date")
+    return (f"- {t.get('tracker')} (`{t.get('where', '')}`): {len(added)} night(s) mirrored"
+            + (f" ({', '.join(added)})" if added else "") + f"; {state}")
 
 
 def _promotion(p: dict[str, Any], samples: str) -> list[str]:

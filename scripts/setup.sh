@@ -37,6 +37,18 @@ if [ ! -f "$VENV/.sluice-pip-upgraded" ]; then
   pipq install -q --upgrade pip setuptools wheel && touch "$VENV/.sluice-pip-upgraded"
 fi
 
+# The MLflow server the tracking tests start (tests/mlflow_server.py): full MLflow in a virtualenv
+# of its own, as a team runs its server beside its training code. In this project's env it could
+# not install as pinned: it needs pyarrow<26, importlib_metadata<10 and graphql-core<3.3, and
+# pulls pandas and ~20 more; the project installs only the client (mlflow-skinny, `.[mlflow]`).
+MLFLOW_VENV="${MLFLOW_VENV:-.venv-mlflow}"
+MLFLOW_SERVER_SPEC="${MLFLOW_SERVER_SPEC:-mlflow==3.17.2}"
+if ! "$MLFLOW_VENV/bin/python" -c "import mlflow, sys; sys.exit(mlflow.__version__ != '${MLFLOW_SERVER_SPEC#*==}')" 2>/dev/null; then
+  log "installing the MLflow server for the tracking tests ($MLFLOW_SERVER_SPEC in $MLFLOW_VENV; a minute)"
+  [ -x "$MLFLOW_VENV/bin/python" ] || "$PYTHON" -m venv "$MLFLOW_VENV"
+  "$MLFLOW_VENV/bin/python" -m pip install -q "$MLFLOW_SERVER_SPEC" 2>&1 | { grep -vE "WARNING: Location '.*' is ignored" || true; }
+fi
+
 # The stamp records what was installed; when pyproject or the torch spec change, install again.
 want="$(cat pyproject.toml; echo "$TORCH_SPEC")"
 want_sum="$(printf '%s' "$want" | sha256sum | cut -d' ' -f1)"

@@ -29,3 +29,20 @@ def night(data_root: Path, limit: int, seed: int = 4, **sections: dict) -> tuple
 
 def result(text: str) -> dict:
     return json.loads(next(x for x in text.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+
+
+def cli_night(data_root: Path, *sets: str) -> list[str]:
+    """``sluice run nightly`` as a user types it, on a 600-image Fashion-MNIST slice, plus ``sets``."""
+    base = ["data.source=fashion-mnist", "data.ingest.limit=600", "data.ingest.seed=4",
+            "data.shard.shard_samples=500", "data.shard.workers=1", "data.shard.progress=false", "nproc=1",
+            "selection.method=none", "train.batch_size=32"]
+    cmd = [sys.executable, "-m", "sluice.flows.cli", "run", "nightly", "--data-root", str(data_root)]
+    for kv in (*base, *sets):
+        cmd += ["--set", kv]
+    return cmd
+
+
+def run_dir_of(text: str) -> Path:
+    """The run folder a night's summary names."""
+    return Path(next(line.split("run directory    : ")[1].split()[0] for line in text.splitlines()
+                     if line.startswith("run directory")))

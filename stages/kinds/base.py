@@ -156,6 +156,18 @@ class WarmSource(BaseModel):
     redo: set[str] = Field(default_factory=set)
 
 
+class Servable(BaseModel):
+    """A trained model as a tracker serves it (``DataKind.servable``): a module that takes what a
+    user has (images as uint8, token ids) and returns what grading scored, an example input
+    (the exported graph is traced on it; dimensions of -1 in ``shape`` stay free), and what it
+    reads, in words, for the model's description."""
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    module: Any
+    example: Any  # a numpy array
+    shape: tuple[int, ...]  # the input's shape, -1 where any size is taken
+    reads: str
+
+
 class DataKind:
     """One kind of data (see the module docstring). Subclasses set the class attributes and
     implement the methods; the defaults say what a kind without the capability answers."""
@@ -187,8 +199,10 @@ class DataKind:
         """``--set`` lines that put ``source`` into the kind's shard config."""
         return []
 
-    def shard(self, source: str, out: str | os.PathLike, config: BaseModel, progress: bool) -> str:
-        """``sluice shard``: ``source`` as a version under ``out``; what was written, for a person."""
+    def shard(self, source: str, out: str | os.PathLike, config: BaseModel, progress: bool,
+              map_shards: Callable | None = None) -> str:
+        """``sluice shard``: ``source`` as a version under ``out``; what was written, for a person.
+        ``map_shards``: where the parts run (``stages/data/engine.py``; None: this machine's pool)."""
         raise ConfigError(f"kind {self.name!r} cannot shard from the command line")
 
     def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
@@ -312,6 +326,12 @@ class DataKind:
     def model_files(self, version: DatasetVersion) -> dict[str, str]:
         """Files a trained model needs beside its checkpoint (registered with it): name -> path."""
         return {}
+
+    def servable(self, checkpoint: str | os.PathLike, version: DatasetVersion) -> Servable:
+        """The model in ``checkpoint`` as an input-to-scores module that reproduces its grade on
+        ``version``'s splits (normalisation and test-time augmentation inside): what a tracker
+        registers, to be loaded and served without Sluice's loaders."""
+        raise NotImplementedError(f"the {self.name} kind does not say how its models are served")
 
     def grading_key(self, data: DataConfig, split: str) -> str:
         """What besides the versions and the split decides the samples a grade reads (a language

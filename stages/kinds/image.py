@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 
 from sluice.errors import SelectionError, StorageError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
-from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, SourceVersion,
+from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, Servable, SourceVersion,
                                       WarmSource)
 from sluice.stages.data.stats import image_stats
 from sluice.stages.kinds.image_recipe import ImageRecipe, resolve, train_ops
@@ -137,11 +137,12 @@ class ImageKind(DataKind):
     def shard_overrides(self, source: str) -> list[str]:
         return [f"ingest.source={source}"]
 
-    def shard(self, source: str, out: str | os.PathLike, config: PrepareConfig, progress: bool) -> str:
+    def shard(self, source: str, out: str | os.PathLike, config: PrepareConfig, progress: bool,
+              map_shards: Callable | None = None) -> str:
         from sluice.stages.data.shard import shard_dataset
         if not progress:
             config.shard.progress = False
-        return shard_dataset(config.ingest, out, config.shard).format()
+        return shard_dataset(config.ingest, out, config.shard, map_shards=map_shards).format()
 
     def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
         from sluice.stages.data.verify import verify_artifact
@@ -284,6 +285,20 @@ class ImageKind(DataKind):
         return Grade(value=acc, loss=loss, acc=acc, n=n,
                      by_source={k: {"acc": m["acc"], "loss": m["loss"], "n": m["n"]} for k, m in each.items()})
 
+    def servable(self, checkpoint: str | os.PathLike, version: ImageVersion) -> Servable:
+        from sluice.stages.models.served import ServedClassifier
+        from sluice.stages.train.evaluate import model_from_checkpoint
+        model, cfg = model_from_checkpoint(checkpoint)
+        side = cfg.get("input_size")
+        h, w = (side, side) if side else (version.shape or (model_min_side(cfg), model_min_side(cfg)))
+        c = int(cfg.get("in_channels", version.channels))
+        module = ServedClassifier(model, cfg.get("normalize_mean", [0.5]), cfg.get("normalize_std", [0.5]),
+                                  cfg.get("eval_tta", "none"))
+        reads = (f"uint8 images (N, {c}, {h}, {w}), RGB or gray as trained"
+                 + (f", each squashed to {side}x{side} px first as grading does" if side else ", as stored")
+                 + f"; returns logits (N, {cfg.get('num_classes', version.num_classes)})")
+        return Servable(module=module, example=np.zeros((2, c, h, w), np.uint8), shape=(-1, c, h, w), reads=reads)
+
     def warm_sources(self, version: DatasetVersion, split: str,
                      champion_versions: dict[str, str]) -> list[WarmSource] | str:
         from sluice.storage.ancestry import changes_since
@@ -347,6 +362,12 @@ class ImageKind(DataKind):
         if version.damaged_sources:
             lines.append(f"- **damaged source files kept in part: {version.damaged_sources}** (see the manifest)")
         return lines
+
+
+def model_min_side(cfg: dict[str, Any]) -> int:
+    """The smallest side the checkpoint's model takes (where its images' size is unknown)."""
+    from sluice.stages.models.base import min_input_size
+    return max(28, min_input_size(cfg.get("model", "small_cnn")) or 0)
 
 
 def _recipe(train: TrainConfig, version: ImageVersion) -> ImageRecipe:

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from sluice.errors import ArtifactError, ConfigError, RegistryError, SluiceError, SourceError
 from sluice.stages.data.text import TextShardConfig
-from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, SourceVersion,
+from sluice.stages.kinds.base import (DATA_KINDS, DataConfig, DataKind, DatasetVersion, Grade, Log, Servable, SourceVersion,
                                       WarmSource)
 from sluice.stages.load.specs import TokensData
 from sluice.stages.load.token_cursor import SeqLenSchedule
@@ -97,8 +97,12 @@ class TokenKind(DataKind):
     def owns(self, artifact: str | os.PathLike) -> bool:
         return is_token_artifact(artifact)
 
-    def shard(self, source: str, out: str | os.PathLike, config: TextShardConfig, progress: bool) -> str:
+    def shard(self, source: str, out: str | os.PathLike, config: TextShardConfig, progress: bool,
+              map_shards: Callable | None = None) -> str:
         from sluice.stages.data.text import shard_text
+        if map_shards is not None:
+            raise ConfigError("text sharding runs only on this machine so far (--engine local); "
+                              "the image shard map runs on Ray")
         return shard_text(config.model_copy(update={"progress": progress and config.progress}), source, out).format()
 
     def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
@@ -124,6 +128,9 @@ class TokenKind(DataKind):
         all written with one tokenizer learnt from every source's train documents (kept while
         the sources grow; ``data_root/tokenizers``)."""
         from sluice.stages.data.text import shard_text, shared_tokenizer
+        if map_shards is not None:
+            raise ConfigError("engine: ray runs the image shard map; the text night still prepares its token "
+                              "artifacts on this machine (set engine: local)")
         datasets_dir = Path(datasets_dir)
         for s in data.sources:
             if not Path(s.source).exists():
@@ -249,6 +256,16 @@ class TokenKind(DataKind):
 
     def model_files(self, version: TokenVersion) -> dict[str, str]:
         return {"tokenizer": version.tokenizer_file}
+
+    def servable(self, checkpoint: str | os.PathLike, version: TokenVersion) -> Servable:
+        from sluice.stages.models.served import ServedLanguageModel
+        from sluice.stages.train.evaluate import model_from_checkpoint
+        model, cfg = model_from_checkpoint(checkpoint)
+        longest = int(getattr(model, "max_len", 1024))
+        reads = (f"token ids (N, L) int64 of the tokenizer registered beside it (tokenizer.json), L <= {longest}; "
+                 f"returns next-token logits (N, L, {cfg.get('num_classes', version.vocab_size)})")
+        return Servable(module=ServedLanguageModel(model), example=np.zeros((2, min(64, longest)), np.int64),
+                        shape=(-1, -1), reads=reads)
 
     def facts(self, version: TokenVersion) -> dict[str, Any]:
         return {"tokenizer_sha256": version.tokenizer_sha256}

@@ -1,0 +1,114 @@
+"""Run inside a network namespace that has only loopback (tests/test_ray_engine.py starts it):
+a real 3-node Ray cluster (a 0-CPU head, two 1-CPU workers, 100 MiB object stores, token
+authentication, every node on 127.0.0.1), Fashion-MNIST sharded through ``engine: ray`` and on
+this machine, a worker node removed while the shard map runs, clients without the token, and
+``sluice shard --engine ray``. Prints one JSON line: what the test checks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = "sluice-test-" + os.urandom(16).hex()
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from sluice.stages.data.config import IngestConfig, ShardConfig  # noqa: E402
+from sluice.stages.data.engine import EngineConfig, shard_map  # noqa: E402
+from sluice.stages.data.shard import shard_dataset  # noqa: E402
+
+MIB = 2**20
+out = Path(sys.argv[1])
+limit = int(sys.argv[2])
+t0 = time.time()
+cluster = Cluster(initialize_head=True, head_node_args={"node_ip_address": "127.0.0.1", "num_cpus": 0,
+                                                         "object_store_memory": 100 * MIB, "include_dashboard": False})
+workers = [cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=100 * MIB) for _ in range(2)]
+cluster.wait_for_nodes()
+report: dict = {"started_s": round(time.time() - t0, 1), "address": cluster.address}
+listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout.split("\n")
+report["listening"] = sorted({line.split()[3].rsplit(":", 1)[0] for line in listening if line.strip()})
+
+ing = IngestConfig(source="fashion-mnist", limit=limit)
+cfg = ShardConfig(shard_samples=100, formats=["webdataset", "dali"], progress=False)
+engine = EngineConfig(name="ray", address=cluster.address)
+
+
+def sums(summary) -> list[str]:
+    return [f.sha256 for f in summary.manifest.files()]
+
+
+run = shard_map(engine, log=lambda line: None)
+report["ray"] = sums(shard_dataset(ing, out / "ray", cfg, map_shards=run))
+report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+report["pool"] = sums(shard_dataset(ing, out / "pool", cfg.model_copy(update={"workers": 2})))
+report["one_process"] = sums(shard_dataset(ing, out / "one", cfg.model_copy(update={"workers": 1})))
+
+# a worker node removed while the shard map runs: its parts run again on the node that is left
+started, removed_during = threading.Event(), {}
+
+
+def while_running(spec, tasks):
+    started.set()
+    result = run(spec, tasks)
+    removed_during.setdefault("finished", time.time())
+    return result
+
+
+def remove_a_node():
+    """Once a few parts are written (and the others are running or queued on both workers)."""
+    started.wait(120)
+    while len(list((out / "lost").rglob("*.tar*"))) < 4 and "finished" not in removed_during:
+        time.sleep(0.01)
+    removed_during["at"] = time.time()
+    removed_during["parts_before"] = len(list((out / "lost").rglob("*.tar*")))
+    cluster.remove_node(workers[0])
+
+
+killer = threading.Thread(target=remove_a_node)
+killer.start()
+report["node_lost"] = sums(shard_dataset(ing, out / "lost", cfg, map_shards=while_running))
+killer.join()
+report["removed_mid_stage"] = removed_during["at"] < removed_during["finished"]
+report["parts_before_removal"] = removed_during["parts_before"]
+report["nodes_after"] = len([n for n in ray.nodes() if n["Alive"]])
+
+# clients: without the token, with another one, and with it
+probe = "import ray, sys; ray.init(address=sys.argv[1]); print('JOINED')"
+clients = {}
+for label, env in (("no_token", {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}),
+                   ("wrong_token", {**os.environ, "RAY_AUTH_TOKEN": "sluice-test-" + os.urandom(16).hex()}),
+                   ("right_token", dict(os.environ))):
+    try:
+        r = subprocess.run([sys.executable, "-c", probe, cluster.address], env=env, capture_output=True, text=True,
+                           timeout=90)
+        clients[label] = {"joined": "JOINED" in r.stdout, "refused": "Authentication" in r.stderr
+                          or "InvalidAuthToken" in r.stderr or "Unauthenticated" in r.stderr}
+    except subprocess.TimeoutExpired:
+        clients[label] = {"joined": False, "refused": True, "timed_out": True}
+report["clients"] = clients
+
+cli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", "fashion-mnist", "--out", str(out / "cli"),
+                      "--engine", "ray", "--address", cluster.address, "--quiet", "--set", f"ingest.limit={limit}",
+                      "--set", "shard.shard_samples=100", "--set", "shard.formats=[webdataset,dali]"],
+                     capture_output=True, text=True, timeout=300)
+report["cli_rc"], report["cli_tail"] = cli.returncode, (cli.stdout + cli.stderr)[-1500:]
+
+# the nightly flow's preparation through the front door, on the cluster (Prefect's temporary API on loopback)
+night = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "run", "prepare", "--data-root", str(out / "night"),
+                        "--set", "data.source=fashion-mnist", "--set", f"data.ingest.limit={limit}",
+                        "--set", "data.shard.progress=false", "--set", "engine.name=ray",
+                        "--set", f"engine.address={cluster.address}"],
+                       capture_output=True, text=True, timeout=300)
+report["prepare_rc"], report["prepare_tail"] = night.returncode, (night.stdout + night.stderr)[-3000:]
+report["prepare_engine"] = [line for line in (night.stdout + night.stderr).splitlines() if "engine ray" in line]
+ray.shutdown()
+cluster.shutdown()
+print("REPORT " + json.dumps(report), flush=True)
