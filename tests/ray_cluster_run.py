@@ -46,6 +46,10 @@ def sums(summary) -> list[str]:
 
 
 run = shard_map(engine, log=lambda line: None)
+
+
+def engine_saying(lines: list[str]):  # the engine, saying what ran where into ``lines``
+    return shard_map(engine, log=lines.append)
 report["ray"] = sums(shard_dataset(ing, out / "ray", cfg, map_shards=run))
 report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
 report["pool"] = sums(shard_dataset(ing, out / "pool", cfg.model_copy(update={"workers": 2})))
@@ -94,6 +98,40 @@ for label, env in (("no_token", {k: v for k, v in os.environ.items() if k != "RA
     except subprocess.TimeoutExpired:
         clients[label] = {"joined": False, "refused": True, "timed_out": True}
 report["clients"] = clients
+
+# text: MinHash signatures and tokenizing as Ray parts (parts of 150 documents here, so there
+# are many), against the same stage on this machine; exact and near copies in the corpus
+from sluice.stages.data.text import parts as text_parts  # noqa: E402
+from sluice.stages.data.text.config import TextShardConfig  # noqa: E402
+from sluice.stages.data.text.debian import gcide_jsonl  # noqa: E402
+from sluice.stages.data.text.shard import shard_text  # noqa: E402
+
+text_parts.PART_DOCS = 150
+corpus = gcide_jsonl(out / "text-src", limit=1500)
+rows = corpus.read_text().splitlines()
+extra = []
+for i, line in enumerate(rows[:40]):
+    rec = json.loads(line)
+    text = rec["text"] if i % 2 else rec["text"].replace(" ", "  ", 1) + " again"  # exact, then near copies
+    extra.append(json.dumps({"id": f"copy-{i}", "text": text}))
+corpus.write_text("\n".join(rows + extra) + "\n")
+tcfg = TextShardConfig(vocab_size=600, progress=False)
+
+
+def token_sums(summary) -> dict:
+    m = summary.manifest
+    return {"files": [m.tokenizer.file.sha256] + [f.sha256 for s in m.splits.values() for f in s.files()],
+            "content": m.content_sha256, "dropped": m.dropped.model_dump(mode="json"), "counts": m.counts()}
+
+
+said: list[str] = []
+report["text_ray"] = token_sums(shard_text(tcfg, corpus, out / "text-ray", engine_saying(said)))
+report["text_local"] = token_sums(shard_text(tcfg, corpus, out / "text-local"))
+report["text_said"] = said
+tcli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", str(corpus), "--out", str(out / "text-cli"),
+                       "--engine", "ray", "--address", cluster.address, "--quiet", "--set", "vocab_size=600"],
+                      capture_output=True, text=True, timeout=300)
+report["text_cli_rc"], report["text_cli_tail"] = tcli.returncode, (tcli.stdout + tcli.stderr)[-1500:]
 
 cli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", "fashion-mnist", "--out", str(out / "cli"),
                       "--engine", "ray", "--address", cluster.address, "--quiet", "--set", f"ingest.limit={limit}",

@@ -87,6 +87,21 @@ def test_the_nightly_preparation_runs_its_shard_map_on_the_cluster(cluster_run):
     assert verify_artifact(root, full=True).ok
 
 
+def test_text_signatures_and_tokens_on_ray_are_the_same_bytes_as_on_this_machine(cluster_run):
+    """The text stage's MinHash signatures and tokenizing as Ray parts (many: 150 documents a
+    part) give the very token artifact the stage writes here: tokenizer, every file, the exact
+    and near copies dropped (the LSH buckets see the same signatures), and the CLI says where."""
+    ray_, local = cluster_run["text_ray"], cluster_run["text_local"]
+    assert ray_ == local and len(local["files"]) >= 3
+    assert local["dropped"]["exact_duplicates"] >= 15 and local["dropped"]["near_duplicates"] >= 1, local["dropped"]
+    said = "\n".join(cluster_run["text_said"])
+    assert "sign_part parts on 2 node(s)" in said and "encode_part parts on 2 node(s)" in said, said
+    assert cluster_run["text_cli_rc"] == 0, cluster_run["text_cli_tail"]
+    from sluice.storage.tokens import read_token_manifest, version_dir
+    m = read_token_manifest(version_dir(cluster_run["out"] / "text-cli"))
+    assert m.content_sha256 == local["content"]
+
+
 def test_engine_settings_are_checked_before_anything_runs(tmp_path):
     from sluice.flows.pipeline import PipelineConfig
     from sluice.stages.data.engine import EngineConfig

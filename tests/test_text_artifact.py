@@ -165,6 +165,31 @@ def test_exact_and_near_duplicates_are_dropped_and_counted(tmp_path):
     assert sum(s2.manifest.counts().values()) == 12
 
 
+def test_where_the_parts_are_cut_changes_no_byte(tmp_path, monkeypatch):
+    """The signatures and tokens are computed in parts of consecutive documents (on a Ray
+    cluster with ``engine: ray``, tests/test_ray_engine.py): parts of 3 documents or of one
+    give the artifact parts of 1,024 give, copies dropped alike."""
+    from sluice.stages.data.text import parts
+    src = _folder(tmp_path / "src", 14)
+    (src / "zz_copy.txt").write_text(_text(3))
+    words = _text(4).split()
+    words[60] = "changed"
+    (src / "zz_near.txt").write_text(" ".join(words) + "\n")
+
+    def written(out):
+        m = shard_text(_cfg(), src, out).manifest
+        return [f.sha256 for f in m.files()] + [m.tokenizer.file.sha256], m.dropped.model_dump()
+    whole = written(tmp_path / "whole")
+    calls = []
+    real = parts.encode_part
+    monkeypatch.setattr(parts, "PART_DOCS", 3)
+    monkeypatch.setattr("sluice.stages.data.text.shard.encode_part", lambda p: calls.append(len(p[1])) or real(p))
+    assert written(tmp_path / "threes") == whole and len(calls) >= 4 and max(calls) == 3
+    monkeypatch.setattr(parts, "PART_DOCS", 1)
+    assert written(tmp_path / "ones") == whole
+    assert whole[1]["exact_duplicates"] == 1 and whole[1]["near_duplicates"] == 1
+
+
 def test_near_duplicate_threshold_above_and_below():
     a = _text(5, 200)
     words = a.split()

@@ -2,8 +2,10 @@
 default; Ray not needed), or ``ray``, a Ray cluster (Ray Core tasks). A stage cuts its work
 deterministically (the shard map: one task per shard, planned from the source before anything
 runs) and merges the parts itself, so the artifact is the same bytes wherever the parts ran; the
-engine only decides where each part runs. Today the image shard map runs on Ray; the other data
-stages (text, dedup, verify, IL scoring) still run locally (issue #49).
+engine only decides where each part runs. On Ray today: the image shard map, and the text
+stage's two costly passes (MinHash signatures for dedup, and tokenizing), cut into parts of
+consecutive documents in source order; the LSH buckets and clusters, BPE training, ``verify`` and
+IL scoring still run on the machine running the stage (issue #49).
 
 A cluster address is ``host:port`` of a running Ray head (``ray start --head``). Without one,
 Sluice starts a Ray instance of its own on this machine: on 127.0.0.1, with token authentication
@@ -13,13 +15,13 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Literal
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice.errors import require
 
-ShardMapFn = Callable[[dict[str, Any], list[dict]], list[dict]]
 OWN_OBJECT_STORE = 256 * 2**20  # a Sluice-started instance's object store: shard results are small
 
 
@@ -27,7 +29,8 @@ class EngineConfig(BaseModel):
     """``engine``: ``local`` or ``ray``; for Ray the cluster's address and each part's CPUs."""
     model_config = ConfigDict(extra="forbid")
     name: Literal["local", "ray"] = Field("local", description="local: the stage's own process pool; ray: a Ray "
-                                          "cluster (the image shard map; other stages stay local for now)")
+                                          "cluster (the image shard map, the text stage's signatures and "
+                                          "tokenizing; other stages stay local for now)")
     address: str | None = Field(None, description="ray: the head's host:port (ray start --head); none: start a "
                                 "Ray instance on this machine, on 127.0.0.1 with token authentication")
     cpus_per_part: float = Field(1.0, gt=0, description="ray: CPUs each part (one shard) asks for")
@@ -40,21 +43,70 @@ class EngineConfig(BaseModel):
         return {"name": v} if isinstance(v, str) else v
 
 
-def shard_map(cfg: EngineConfig, log: Callable[[str], None] = print) -> ShardMapFn | None:
-    """The shard map ``cfg`` names: None for ``local`` (the stage runs its own pool), else a
-    function running every shard write as a Ray task and returning the results in task order."""
+class LocalParts:
+    """Parts run one after another in this process: what a stage does without an engine."""
+    name = "local"
+
+    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None) -> Iterator[Any]:
+        """``fn(part)`` for each part, in order."""
+        return map(fn, parts)
+
+
+class RayParts:
+    """A stage's parts as Ray tasks on a cluster. Called as ``(spec, tasks)`` it is the image
+    shard map (``shard_dataset``'s ``map_shards``); ``ordered`` is any stage's ordered map."""
+    name = "ray"
+
+    def __init__(self, ray: Any, cfg: EngineConfig, log: Callable[[str], None]):
+        self.ray, self.cfg, self.log = ray, cfg, log
+        self._remote: dict[Callable, Any] = {}
+
+    def _task(self, fn: Callable) -> Any:
+        if fn not in self._remote:
+            self._remote[fn] = self.ray.remote(num_cpus=self.cfg.cpus_per_part, max_retries=self.cfg.max_retries)(fn)
+        return self._remote[fn]
+
+    def where(self) -> str:
+        ray = self.ray
+        return f"{sum(n['Alive'] for n in ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs"
+
+    def __call__(self, spec: dict[str, Any], tasks: list[dict]) -> list[dict]:
+        from sluice.stages.data.shard import write_shard_from_spec
+        write = self._task(write_shard_from_spec)
+        refs = [write.remote(spec, t) for t in tasks]
+        self.log(f"engine ray: {len(refs)} shard parts on {self.where()}")
+        return self.ray.get(refs)
+
+    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None) -> Iterator[Any]:
+        """``fn(part)`` for each part as a Ray task, results in the parts' order; at most
+        ``window`` parts in flight (default: twice the cluster's CPUs), so a corpus larger than
+        the object store streams through it. A part whose node is lost runs again
+        (``max_retries``); a part that raises raises here, with Ray's traceback."""
+        task = self._task(fn)
+        cpus = int(self.ray.cluster_resources().get("CPU", 1) or 1)
+        window = max(1, window or 2 * cpus)
+        flight: deque = deque()
+        n = 0
+        for part in parts:
+            flight.append(task.remote(part))
+            n += 1
+            if len(flight) >= window:
+                yield self.ray.get(flight.popleft())
+        while flight:
+            yield self.ray.get(flight.popleft())
+        self.log(f"engine ray: {n} {getattr(fn, '__name__', 'map')} parts on {self.where()}")
+
+
+Parts = LocalParts | RayParts
+
+
+def shard_map(cfg: EngineConfig, log: Callable[[str], None] = print) -> RayParts | None:
+    """The engine ``cfg`` names: None for ``local`` (each stage runs its own pool or loop), else
+    the Ray cluster's parts: callable as the image shard map, and with ``ordered`` for the text
+    stage's parts."""
     if cfg.name == "local":
         return None
-    ray = connect(cfg, log)
-    from sluice.stages.data.shard import write_shard_from_spec
-    write = ray.remote(num_cpus=cfg.cpus_per_part, max_retries=cfg.max_retries)(write_shard_from_spec)
-
-    def run(spec: dict[str, Any], tasks: list[dict]) -> list[dict]:
-        refs = [write.remote(spec, t) for t in tasks]
-        log(f"engine ray: {len(refs)} shard parts on {sum(n['Alive'] for n in ray.nodes())} node(s), "
-            f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
-        return ray.get(refs)
-    return run
+    return RayParts(connect(cfg, log), cfg, log)
 
 
 def connect(cfg: EngineConfig, log: Callable[[str], None] = print) -> Any:

@@ -100,10 +100,8 @@ class TokenKind(DataKind):
     def shard(self, source: str, out: str | os.PathLike, config: TextShardConfig, progress: bool,
               map_shards: Callable | None = None) -> str:
         from sluice.stages.data.text import shard_text
-        if map_shards is not None:
-            raise ConfigError("text sharding runs only on this machine so far (--engine local); "
-                              "the image shard map runs on Ray")
-        return shard_text(config.model_copy(update={"progress": progress and config.progress}), source, out).format()
+        return shard_text(config.model_copy(update={"progress": progress and config.progress}), source, out,
+                          _parts(map_shards)).format()
 
     def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
         """Every split of a token artifact: its files (sha256 with ``full``) and every document's CRC-32."""
@@ -128,20 +126,18 @@ class TokenKind(DataKind):
         all written with one tokenizer learnt from every source's train documents (kept while
         the sources grow; ``data_root/tokenizers``)."""
         from sluice.stages.data.text import shard_text, shared_tokenizer
-        if map_shards is not None:
-            raise ConfigError("engine: ray runs the image shard map; the text night still prepares its token "
-                              "artifacts on this machine (set engine: local)")
+        parts = _parts(map_shards)
         datasets_dir = Path(datasets_dir)
         for s in data.sources:
             if not Path(s.source).exists():
                 raise SourceError(f"text source {s.name!r}: {s.source} does not exist (the Debian corpus: "
                                   "python -m sluice.stages.data.text.debian <folder> --limit N)")
         tokenizer = shared_tokenizer([(s.name, s.source) for s in data.sources], data.shard,
-                                     datasets_dir.parent / TOKENIZERS, log=log)
+                                     datasets_dir.parent / TOKENIZERS, log=log, parts=parts)
         shard = data.shard.model_copy(update={"tokenizer_file": str(tokenizer)})
         written = []
         for s in data.sources:
-            summary = shard_text(shard, s.source, datasets_dir / s.name)
+            summary = shard_text(shard, s.source, datasets_dir / s.name, parts)
             log(f"{s.name}: " + summary.format())
             written.append(self._source(s.name, summary.root, weight=s.weight, location=s.source,
                                         reused=summary.reused, seconds=summary.seconds))
@@ -326,3 +322,13 @@ class TokenKind(DataKind):
     def describe(self, version: TokenVersion) -> list[str]:
         return [f"- tokenizer `{version.tokenizer_sha256[:12]}` ({version.vocab_size} ids), shared by every source; "
                 "tokens: " + ", ".join(f"{k} {v:,}" for k, v in version.tokens.items())]
+
+
+def _parts(map_shards: Callable | None) -> Any:
+    """The engine's parts for the text stage (``engine: ray``), or None (this machine). A Prefect
+    task runner's shard map (``prepare_runner``) writes image shards only: refused here."""
+    from sluice.stages.data.engine import RayParts
+    if map_shards is None or isinstance(map_shards, RayParts):
+        return map_shards
+    raise ConfigError("prepare_runner runs the image shard map only; a text night's parts run on this machine "
+                      "(prepare_runner: local) or on a Ray cluster (engine: ray)")

@@ -15,9 +15,11 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from sluice.errors import ShardError
+from sluice.stages.data.engine import LocalParts, Parts
 from sluice.stages.data.split import split_of
 from sluice.stages.data.text.config import TextShardConfig
 from sluice.stages.data.text.dedup import Deduplicator, content_hash
+from sluice.stages.data.text.parts import chunks, sign_part
 from sluice.stages.data.text.sources import RawDoc, TextSource
 from sluice.storage import atomic
 from sluice.storage.manifest import QuarantineRecord
@@ -79,27 +81,41 @@ def texts(src: TextSource, cfg: TextShardConfig, want: set[str]) -> Iterator[tup
             yield doc.key, text
 
 
-def scan(src: TextSource, cfg: TextShardConfig, dedup: Deduplicator, work: Path | None = None) -> Scan:
+def scan(src: TextSource, cfg: TextShardConfig, dedup: Deduplicator, work: Path | None = None,
+         parts: Parts | None = None) -> Scan:
     """Judge every document and sign the good ones; with ``work``, store the bad ones in
-    ``work/quarantine/`` (without, only list them)."""
+    ``work/quarantine/`` (without, only list them). The signatures are computed in parts of
+    consecutive documents (``text/parts.py``) on ``parts`` (a Ray cluster) or here."""
     found = Scan()
     reasons = []
-    with progress_bar(None, "reading documents", cfg.progress) as bar:
-        for pos, doc in enumerate(src.docs()):
-            bar.update(1)
-            text, reason, raw = judge(doc, cfg)
-            split = split_of(doc.key, cfg, has_test=False)
-            if text is None:
-                if work is not None:
-                    stored = raw[:cfg.max_doc_bytes]
-                    name = f"{QUARANTINE}/{doc.key}.bin"
-                    atomic.write_bytes(work / name, stored)
-                    reasons.append({"key": doc.key, "where": doc.where, "reason": reason, "bytes": len(raw),
-                                    "stored": name, "stored_bytes": len(stored)})
-                found.bad.append(QuarantineRecord(split=split, key=doc.key, where=doc.where, reason=reason or ""))
-                continue
-            sig = dedup.hasher.signature(text) if cfg.dedup and dedup.near else None
-            found.good.append(ScannedDoc(doc.key, split, content_hash(raw), pos, sig, len(raw)))
+
+    def good() -> Iterator[tuple[int, str]]:
+        with progress_bar(None, "reading documents", cfg.progress) as bar:
+            for pos, doc in enumerate(src.docs()):
+                bar.update(1)
+                text, reason, raw = judge(doc, cfg)
+                split = split_of(doc.key, cfg, has_test=False)
+                if text is None:
+                    if work is not None:
+                        stored = raw[:cfg.max_doc_bytes]
+                        name = f"{QUARANTINE}/{doc.key}.bin"
+                        atomic.write_bytes(work / name, stored)
+                        reasons.append({"key": doc.key, "where": doc.where, "reason": reason, "bytes": len(raw),
+                                        "stored": name, "stored_bytes": len(stored)})
+                    found.bad.append(QuarantineRecord(split=split, key=doc.key, where=doc.where, reason=reason or ""))
+                    continue
+                found.good.append(ScannedDoc(doc.key, split, content_hash(raw), pos, None, len(raw)))
+                yield len(found.good) - 1, text
+
+    if cfg.dedup and dedup.near:
+        h = dedup.hasher
+        for ids, sigs in (parts or LocalParts()).ordered(
+                sign_part, (((h.num_perm, h.shingle, h.seed), ids, texts) for ids, texts in chunks(good()))):
+            for i, sig in zip(ids, sigs):
+                found.good[i].sig = sig
+    else:
+        for _ in good():
+            pass
     if reasons:
         qdir = work / QUARANTINE
         qdir.mkdir(parents=True, exist_ok=True)
@@ -137,11 +153,11 @@ def new_deduplicator(cfg: TextShardConfig) -> Deduplicator:
     return Deduplicator(cfg.near_dup_threshold, cfg.num_perm, cfg.shingle, cfg.seed, near=True)
 
 
-def kept_documents(src: TextSource, cfg: TextShardConfig) -> list[ScannedDoc]:
+def kept_documents(src: TextSource, cfg: TextShardConfig, parts: Parts | None = None) -> list[ScannedDoc]:
     """The documents a first version of ``src`` keeps (bad ones and repeats left out), in source
     order, each with its split: what ``shard_text`` writes when there is no parent to rank first."""
     dedup = new_deduplicator(cfg)
-    kept, _ = deduplicate(scan(src, cfg, dedup), (), dedup, cfg.dedup)
+    kept, _ = deduplicate(scan(src, cfg, dedup, parts=parts), (), dedup, cfg.dedup)
     return kept
 
 

@@ -32,7 +32,9 @@ from typing import Any
 import numpy as np
 
 from sluice.errors import ConfigError, ShardError, SluiceError
+from sluice.stages.data.engine import LocalParts, Parts
 from sluice.stages.data.text.config import TextShardConfig
+from sluice.stages.data.text.parts import chunks, encode_part, remember
 from sluice.stages.data.text.scan import (QUARANTINE, ScannedDoc, deduplicate, new_deduplicator, progress_bar,
                                           scan, texts)
 from sluice.stages.data.text.sources import TextSource, open_text_source
@@ -49,7 +51,6 @@ from sluice.storage.tokens import (TOKEN_SCHEMA, TOKEN_SPLITS, TOKENIZER_NAME, T
                                    TokenizerRecord, TokenManifest, TokenSplit, read_token_manifest,
                                    version_dir, write_token_manifest)
 
-BATCH = 256  # documents per tokenizer call
 
 
 @dataclass
@@ -118,9 +119,11 @@ def text_fingerprint(src: TextSource, cfg: TextShardConfig) -> str:
                    f"tokenizer:{sha256_file(given) if given else ''}")
 
 
-def shard_text(config: TextShardConfig | None, source: str | os.PathLike, out: str | os.PathLike) -> TextShardSummary:
+def shard_text(config: TextShardConfig | None, source: str | os.PathLike, out: str | os.PathLike,
+               parts: Parts | None = None) -> TextShardSummary:
     """Write (or find) the token artifact of the text at ``source`` under ``out`` (local) and
-    point ``out/LATEST`` at it; see the module docstring."""
+    point ``out/LATEST`` at it; see the module docstring. ``parts``: where the signatures and the
+    tokenizing run (``stages/data/engine.py``: a Ray cluster; None: here), the same bytes either way."""
     t0 = time.perf_counter()
     cfg = config or TextShardConfig()
     if not is_local(out):
@@ -148,7 +151,7 @@ def shard_text(config: TextShardConfig | None, source: str | os.PathLike, out: s
                 return done
             work = out / version
             try:
-                manifest = _write(src, cfg, work, whole, fp, parent, refused)
+                manifest = _write(src, cfg, work, whole, fp, parent, refused, parts)
             except OSError as e:
                 if isinstance(e, SluiceError):
                     raise
@@ -212,18 +215,18 @@ def _tokenizer(src: TextSource, cfg: TextShardConfig, kept: list[ScannedDoc], pa
 
 
 def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: str,
-           parent: _Parent | None, refused: str | None) -> TokenManifest:
+           parent: _Parent | None, refused: str | None, parts: Parts | None = None) -> TokenManifest:
     if work.exists():  # a killed run: start over (its files are temp names or are rewritten whole)
         shutil.rmtree(work)
     work.mkdir(parents=True)
     dedup = new_deduplicator(cfg)
-    found = scan(src, cfg, dedup, work)
+    found = scan(src, cfg, dedup, work, parts)
     first = [k for s in TOKEN_SPLITS if s in parent.splits for k in parent.splits[s].keys] if parent else []
     kept, dropped = deduplicate(found, first, dedup, cfg.dedup)
     tok = _tokenizer(src, cfg, kept, parent)
     atomic.write_bytes(work / TOKENIZER_NAME, tok.to_json())
     dtype = "uint16" if tok.vocab_size <= 65535 else "uint32"
-    splits, delta = _write_splits(src, cfg, work, kept, tok, np.dtype(dtype), parent)
+    splits, delta = _write_splits(src, cfg, work, kept, tok, np.dtype(dtype), parent, parts)
     qfiles = sorted((work / QUARANTINE).glob("*")) if (work / QUARANTINE).exists() else []
     files = [file_record(work, p) for p in qfiles]
     tok_rec = TokenizerRecord(kind=tok.kind, file=file_record(work, work / TOKENIZER_NAME), vocab_size=tok.vocab_size,
@@ -248,9 +251,9 @@ def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: s
 
 
 def _write_splits(src: TextSource, cfg: TextShardConfig, work: Path, kept: list[ScannedDoc], tok: TextTokenizer,
-                  dtype: np.dtype, parent: _Parent | None):
+                  dtype: np.dtype, parent: _Parent | None, parts: Parts | None = None):
     """Every split's files: the parent's unchanged documents first (token bytes copied), then
-    the new and changed ones, tokenised in source order."""
+    the new and changed ones, tokenised in source order (in parts: ``text/parts.py``)."""
     by_split: dict[str, list[ScannedDoc]] = {s: [] for s in TOKEN_SPLITS}
     for d in kept:
         by_split[d.split].append(d)
@@ -271,28 +274,21 @@ def _write_splits(src: TextSource, cfg: TextShardConfig, work: Path, kept: list[
             if delta is not None:
                 delta.reused_docs += len(reuse)
                 delta.added[s] = sum(1 for d in by_split[s] if d.key not in done)
+        raw = tok.to_json()
+        remember(tok, raw)  # this process encodes with the very tokenizer it holds
+        todo = ((raw, keys, docs) for keys, docs in chunks(texts(src, cfg, set(new))))
         with progress_bar(len(new), "tokenising", cfg.progress) as bar:
-            batch: list[tuple[str, str]] = []
-            for item in texts(src, cfg, set(new)):
-                batch.append(item)
-                if len(batch) >= BATCH:
-                    _flush(batch, tok, new, writers, bar)
-            _flush(batch, tok, new, writers, bar)
+            for keys, ids in (parts or LocalParts()).ordered(encode_part, todo):
+                for key, a in zip(keys, ids):
+                    d = new[key]
+                    writers[d.split].add(key, d.digest, a)
+                bar.update(len(keys))
         # a reused document is in by_split too (same key, same bytes), so this counts every document
         return {s: writers[s].finish(sum(d.nbytes for d in by_split[s])) for s in TOKEN_SPLITS}, delta
     except BaseException:
         for w in writers.values():
             w.abort()
         raise
-
-
-def _flush(batch: list[tuple[str, str]], tok: TextTokenizer, new: dict[str, ScannedDoc],
-           writers: dict[str, SplitWriter], bar) -> None:
-    for (key, _), ids in zip(batch, tok.encode_batch([t for _, t in batch])):
-        d = new[key]
-        writers[d.split].add(key, d.digest, ids)
-    bar.update(len(batch))
-    batch.clear()
 
 
 def _reuse_plan(parent: _Parent | None, split: str, docs: list[ScannedDoc], delta: TokenDelta | None):

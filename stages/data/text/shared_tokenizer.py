@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from sluice.errors import ConfigError, ShardError
+from sluice.stages.data.engine import Parts
 from sluice.stages.data.text.config import TextShardConfig
 from sluice.stages.data.text.scan import kept_documents, texts
 from sluice.stages.data.text.shard import given_tokenizer
@@ -44,14 +45,15 @@ def shared_tokenizer_key(names: Sequence[str], config: TextShardConfig) -> str:
 
 def shared_tokenizer(sources: Sequence[tuple[str, str | os.PathLike]], config: TextShardConfig,
                      tokenizers_dir: str | os.PathLike, *,
-                     log: Callable[[str], None] = lambda line: None) -> Path:
+                     log: Callable[[str], None] = lambda line: None, parts: Parts | None = None) -> Path:
     """The ``tokenizer.json`` every one of ``sources`` ((name, path) pairs, in the mixture's
     order) is to be sharded with: ``config.model_copy(update={"tokenizer_file": str(path)})``.
 
     ``config.tokenizer_file`` set: that file (a token artifact's, when it names one), nothing
     learnt. ``tokenizer: byte``: a byte tokenizer file (nothing learnt; the same file whatever the
     sources). ``bpe``: learnt once from the train documents of all sources, then reused while
-    the names and tokenizer settings stay the same (see the module docstring)."""
+    the names and tokenizer settings stay the same (see the module docstring). ``parts``: where the
+    scan's signatures run (``stages/data/engine.py``); the merges are learnt here."""
     given = given_tokenizer(config)
     if given is not None:
         log(f"shared tokenizer: {given} (tokenizer_file), nothing learnt")
@@ -77,7 +79,7 @@ def shared_tokenizer(sources: Sequence[tuple[str, str | os.PathLike]], config: T
             tok: TextTokenizer = ByteTokenizer()
             used: list[dict[str, Any]] = []
         else:
-            tok, used = _learn(pairs, config)
+            tok, used = _learn(pairs, config, parts)
         raw = tok.to_json()
         record = {"key": key, "kind": tok.kind, "vocab_size": tok.vocab_size, "eot": tok.eot,
                   "tokenizer_sha256": hashlib.sha256(raw).hexdigest(),
@@ -110,13 +112,14 @@ def _describe(tokenizer_json: Path, when: bool) -> str:
     return f"{rec['kind']}, vocab {rec['vocab_size']}, learnt{at} from {rec['documents']} train documents of {per}"
 
 
-def _learn(pairs: list[tuple[str, Path]], cfg: TextShardConfig) -> tuple[TextTokenizer, list[dict[str, Any]]]:
+def _learn(pairs: list[tuple[str, Path]], cfg: TextShardConfig,
+           parts: Parts | None = None) -> tuple[TextTokenizer, list[dict[str, Any]]]:
     """BPE learnt from every source's train documents, source after source in the given order."""
     plan: list[tuple[TextSource, set[str]]] = []
     used = []
     for name, p in pairs:
         src = open_text_source(p, cfg.kind, cfg.text_field, cfg.key_field)
-        train = [d for d in kept_documents(src, cfg) if d.split == "train"]
+        train = [d for d in kept_documents(src, cfg, parts) if d.split == "train"]
         plan.append((src, {d.key for d in train}))
         used.append({"name": name, "source": f"{src.kind}:{src.path}", "train_documents": len(train),
                      "train_bytes": sum(d.nbytes for d in train)})

@@ -125,14 +125,21 @@ class BpeTokenizer(TextTokenizer):
 
 def load_tokenizer(path: str | Path) -> TextTokenizer:
     """The tokenizer saved in a token artifact (``TokenSplit.tokenizer_path``)."""
-    raw = Path(path).read_bytes()
+    try:
+        return tokenizer_from_json(Path(path).read_bytes())
+    except ArtifactError as e:
+        raise ArtifactError(f"{path}: {e}") from None
+
+
+def tokenizer_from_json(raw: bytes) -> TextTokenizer:
+    """A tokenizer from the bytes of its ``tokenizer.json`` (what a remote part is handed)."""
     try:
         head = json.loads(raw)
     except ValueError as e:
-        raise ArtifactError(f"{path} is not a tokenizer JSON: {e}") from None
+        raise ArtifactError(f"not a tokenizer JSON: {e}") from None
     if head.get("kind") == "byte":
         return ByteTokenizer()
     return BpeTokenizer.from_json(raw)
 
 
-__all__ = ["TextTokenizer", "ByteTokenizer", "BpeTokenizer", "load_tokenizer", "EOT_TOKEN"]
+__all__ = ["TextTokenizer", "ByteTokenizer", "BpeTokenizer", "load_tokenizer", "tokenizer_from_json", "EOT_TOKEN"]

@@ -1,0 +1,72 @@
+"""The text stage's two costly passes as parts that run in any process (this one, or a Ray
+worker: ``stages/data/engine.py``): MinHash signatures and token ids of consecutive documents in
+source order. A part is plain data (the hasher's parameters or the tokenizer's JSON, the
+documents' texts) and its result is a pure function of it, so where a part ran never changes
+a byte of the artifact; the stage feeds the results back in order."""
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from sluice.stages.data.text.dedup import MinHasher
+from sluice.stages.data.text.tokenizer import TextTokenizer, tokenizer_from_json
+
+PART_DOCS = 1024  # documents per part, at most
+PART_BYTES = 8 * 2**20  # and about this much text (a part travels through Ray's object store)
+
+T = TypeVar("T")
+
+
+def chunks(items: Iterable[tuple[T, str]]) -> Iterator[tuple[list[T], list[str]]]:
+    """(ids, texts) of consecutive items, cut at ``PART_DOCS`` documents or ``PART_BYTES`` of text:
+    the same cut wherever it runs, since it depends on the documents alone."""
+    ids: list[T] = []
+    texts: list[str] = []
+    size = 0
+    for i, text in items:
+        ids.append(i)
+        texts.append(text)
+        size += len(text)
+        if len(ids) >= PART_DOCS or size >= PART_BYTES:
+            yield ids, texts
+            ids, texts, size = [], [], 0
+    if ids:
+        yield ids, texts
+
+
+@functools.lru_cache(maxsize=4)
+def _hasher(num_perm: int, shingle: int, seed: int) -> MinHasher:
+    return MinHasher(num_perm, shingle, seed)
+
+
+def sign_part(part: tuple[tuple[int, int, int], list, list[str]]) -> tuple[list, np.ndarray]:
+    """((num_perm, shingle, seed), ids, texts) -> (ids, their signatures as a (n, num_perm) array)."""
+    params, ids, texts = part
+    h = _hasher(*params)
+    sigs = np.stack([h.signature(t) for t in texts]) if texts else np.zeros((0, params[0]), np.uint32)
+    return ids, sigs
+
+
+_TOKENIZERS: dict[str, TextTokenizer] = {}  # per process: tokenizers by the sha256 of their JSON
+
+
+def remember(tok: TextTokenizer, raw: bytes) -> None:
+    """Parts run in this process encode with ``tok`` itself (``raw``: its JSON)."""
+    _TOKENIZERS.clear()
+    _TOKENIZERS[hashlib.sha256(raw).hexdigest()] = tok
+
+
+def encode_part(part: tuple[bytes, list, list[str]]) -> tuple[list, list[np.ndarray]]:
+    """(the tokenizer's JSON, ids, texts) -> (ids, each text's token ids)."""
+    raw, ids, texts = part
+    key = hashlib.sha256(raw).hexdigest()
+    if key not in _TOKENIZERS:
+        _TOKENIZERS.clear()
+        _TOKENIZERS[key] = tokenizer_from_json(raw)
+    return ids, _TOKENIZERS[key].encode_batch(texts)
+
+
+__all__ = ["PART_DOCS", "PART_BYTES", "chunks", "sign_part", "encode_part", "remember"]
