@@ -19,13 +19,8 @@ def cmd_shard(args: argparse.Namespace) -> int:
     from sluice.flows.config import load_config
     from sluice.stages.kinds import kind_claiming
     kind = kind_claiming(args.source, args.kind)
-    from sluice.errors import ConfigError
-    from sluice.stages.data.engine import EngineConfig, shard_map
     cfg = load_config(kind.ShardConfig, args.config, args.overrides + kind.shard_overrides(args.source))
-    engine = EngineConfig(name=args.engine, address=args.address)
-    if engine.address and engine.name != "ray":
-        raise ConfigError("--address names a Ray cluster: give it with --engine ray")
-    print(kind.shard(args.source, args.out, cfg, progress=not args.quiet, map_shards=shard_map(engine)))
+    print(kind.shard(args.source, args.out, cfg, progress=not args.quiet, map_shards=_engine(args)))
     return 0
 
 
@@ -140,7 +135,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     import json
     from sluice.stages.kinds import kind_owning
-    ok, report, text = kind_owning(args.artifact).verify_artifact(args.artifact, full=args.full)
+    ok, report, text = kind_owning(args.artifact).verify_artifact(args.artifact, full=args.full,
+                                                                  parts=_engine(args))
     print(json.dumps(report, indent=2) if args.json else text)
     return 0 if ok else 1
 
@@ -153,6 +149,23 @@ def cmd_gc(args: argparse.Namespace) -> int:
         "waiting for it", file=sys.stderr, flush=True))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
     return 0 if report.ok else 1
+
+
+def _engine(args: argparse.Namespace):
+    """The parts ``--engine``/``--address`` name (None: this machine), checked first."""
+    from sluice.errors import ConfigError
+    from sluice.stages.data.engine import EngineConfig, engine_parts
+    engine = EngineConfig(name=args.engine, address=args.address)
+    if engine.address and engine.name != "ray":
+        raise ConfigError("--address names a Ray cluster: give it with --engine ray")
+    return engine_parts(engine)
+
+
+def _add_engine_args(p: argparse.ArgumentParser, what: str) -> None:
+    """``--engine`` and ``--address``: where a data command's parts run (``stages/data/engine.py``)."""
+    p.add_argument("--engine", choices=["local", "ray"], default="local", help=what)
+    p.add_argument("--address", default=None, help="with --engine ray: the Ray head's host:port; none: start a Ray "
+                   "instance on 127.0.0.1 with token authentication")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,10 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kind", default=None, help="the kind of data (image, tokens, ...; default: the kind that "
                                                  "recognises SOURCE)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
-    s.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="where the shard writes run: this machine's pool (local) or a Ray cluster (ray)")
-    s.add_argument("--address", default=None, help="with --engine ray: the Ray head's host:port; none: start a Ray "
-                   "instance on 127.0.0.1 with token authentication")
+    _add_engine_args(s, "where the shard writes run: this machine's pool (local) or a Ray cluster (ray)")
     _add_config_args(s)
     s.set_defaults(fn=cmd_shard)
 
@@ -220,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("artifact", help="an artifact directory, or a dataset root (follows LATEST)")
     v.add_argument("--full", action="store_true", help="also re-hash every file against the manifest's sha256")
     v.add_argument("--json", action="store_true", help="the report as JSON")
+    _add_engine_args(v, "where the checks run: here (local) or a Ray cluster (ray)")
     v.set_defaults(fn=cmd_verify)
 
     g = sub.add_parser("gc", help="remove old versions of a dataset, keeping the newest and those in use",

@@ -48,8 +48,8 @@ def prepare_task(c: PipelineConfig) -> DatasetVersion:
     (on top of the last version when the source grew) otherwise. With ``engine: ray`` the shard
     writes run as Ray tasks inside this one Prefect task: Prefect keeps one state and one retry for
     the stage, Ray re-runs a part whose node was lost, and the stage merges the parts itself."""
-    from sluice.stages.data.engine import shard_map
-    return prepare_data(c, log=_log, map_shards=shard_map(c.engine, _log))
+    from sluice.stages.data.engine import engine_parts
+    return prepare_data(c, log=_log, map_shards=engine_parts(c.engine, _log))
 
 
 @task(name="write-shard", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_deterministic)
@@ -88,7 +88,8 @@ def il_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
 def verify_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
     """Every sample's checksum before any rank reads one (``sluice verify``, the cheap form): the
     result goes into the report; damage fails the run here, naming it, unless the loader skips it."""
-    return c.kind().verify(version, c.data, _log)
+    from sluice.stages.data.engine import engine_parts
+    return c.kind().verify(version, c.data, _log, parts=engine_parts(c.engine, _log))
 
 
 @task(name="preflight")

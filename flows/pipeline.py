@@ -91,8 +91,8 @@ class PipelineConfig(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig,
                                  description="where the data stages' parts run: local (this machine's pool) or "
                                              "ray (a Ray cluster: engine.address, or one started on 127.0.0.1); "
-                                             "the image shard map and the text stage's signatures and tokenizing so far "
-                                             "(stages/data/engine.py)")
+                                             "the image shard map, the text stage's signatures and tokenizing, and "
+                                             "verify's checks so far (stages/data/engine.py)")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                      description="where each night's run and candidate are mirrored: MLflow (an "
                                                  "embedded SQLite store under data_root by default; tracking.uri: "

@@ -21,7 +21,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from sluice.stages.data.config import IngestConfig, ShardConfig  # noqa: E402
-from sluice.stages.data.engine import EngineConfig, shard_map  # noqa: E402
+from sluice.stages.data.engine import EngineConfig, engine_parts  # noqa: E402
 from sluice.stages.data.shard import shard_dataset  # noqa: E402
 
 MIB = 2**20
@@ -37,7 +37,7 @@ listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdo
 report["listening"] = sorted({line.split()[3].rsplit(":", 1)[0] for line in listening if line.strip()})
 
 ing = IngestConfig(source="fashion-mnist", limit=limit)
-cfg = ShardConfig(shard_samples=100, formats=["webdataset", "dali"], progress=False)
+cfg = ShardConfig(shard_samples=100, formats=["webdataset", "dali", "ffcv"], progress=False)
 engine = EngineConfig(name="ray", address=cluster.address)
 
 
@@ -45,12 +45,15 @@ def sums(summary) -> list[str]:
     return [f.sha256 for f in summary.manifest.files()]
 
 
-run = shard_map(engine, log=lambda line: None)
+run = engine_parts(engine, log=lambda line: None)
 
 
 def engine_saying(lines: list[str]):  # the engine, saying what ran where into ``lines``
-    return shard_map(engine, log=lines.append)
-report["ray"] = sums(shard_dataset(ing, out / "ray", cfg, map_shards=run))
+    return engine_parts(engine, log=lines.append)
+
+
+on_ray = shard_dataset(ing, out / "ray", cfg, map_shards=run)
+report["ray"] = sums(on_ray)
 report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
 report["pool"] = sums(shard_dataset(ing, out / "pool", cfg.model_copy(update={"workers": 2})))
 report["one_process"] = sums(shard_dataset(ing, out / "one", cfg.model_copy(update={"workers": 1})))
@@ -128,6 +131,36 @@ said: list[str] = []
 report["text_ray"] = token_sums(shard_text(tcfg, corpus, out / "text-ray", engine_saying(said)))
 report["text_local"] = token_sums(shard_text(tcfg, corpus, out / "text-local"))
 report["text_said"] = said
+
+# sluice verify on the cluster: a tar shard's parts and the .beton's record ranges (500 records a
+# part here) as Ray tasks; the same report as here, for a sound copy and a damaged one
+import shutil  # noqa: E402
+
+from sluice.stages.data import verify as verify_mod  # noqa: E402
+from sluice.stages.kinds import kind_of  # noqa: E402
+
+verify_mod.BETON_PART = 500
+damaged = out / "damaged" / Path(on_ray.root).name
+shutil.copytree(on_ray.root, damaged)
+first = on_ray.manifest.split("train").shards[0]
+line = (damaged / first.dali_index.path).read_text().split("\n")[3].split()  # the third sample's members
+j = line.index(on_ray.manifest.fields.image.encoding)
+at = int(line[j + 1]) + int(line[j + 2]) // 2
+with open(damaged / first.tar.path, "r+b") as f:  # one byte inside that sample's image member
+    f.seek(at)
+    byte = f.read(1)
+    f.seek(at)
+    f.write(bytes([byte[0] ^ 0xFF]))
+checks_said: list[str] = []
+report["verify"] = {name: {"ray": verify_mod.verify_artifact(root, parts=engine_saying(checks_said)).to_dict(),
+                           "local": verify_mod.verify_artifact(root).to_dict()}
+                    for name, root in (("sound", on_ray.root), ("damaged", str(damaged)))}
+report["verify_said"] = checks_said
+report["verify_text"] = kind_of("tokens").verify_artifact(out / "text-ray", full=True, parts=run)[:2]
+vcli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "verify", str(damaged), "--engine", "ray",
+                       "--address", cluster.address], capture_output=True, text=True, timeout=300)
+report["verify_cli_rc"], report["verify_cli_tail"] = vcli.returncode, (vcli.stdout + vcli.stderr)[-1500:]
+
 tcli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", str(corpus), "--out", str(out / "text-cli"),
                        "--engine", "ray", "--address", cluster.address, "--quiet", "--set", "vocab_size=600"],
                       capture_output=True, text=True, timeout=300)
@@ -135,7 +168,7 @@ report["text_cli_rc"], report["text_cli_tail"] = tcli.returncode, (tcli.stdout +
 
 cli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", "fashion-mnist", "--out", str(out / "cli"),
                       "--engine", "ray", "--address", cluster.address, "--quiet", "--set", f"ingest.limit={limit}",
-                      "--set", "shard.shard_samples=100", "--set", "shard.formats=[webdataset,dali]"],
+                      "--set", "shard.shard_samples=100", "--set", "shard.formats=[webdataset,dali,ffcv]"],
                      capture_output=True, text=True, timeout=300)
 report["cli_rc"], report["cli_tail"] = cli.returncode, (cli.stdout + cli.stderr)[-1500:]
 

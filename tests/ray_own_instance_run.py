@@ -14,7 +14,7 @@ os.environ.pop("RAY_AUTH_TOKEN", None)
 os.environ.pop("RAY_AUTH_MODE", None)
 
 from sluice.stages.data.config import IngestConfig, ShardConfig  # noqa: E402
-from sluice.stages.data.engine import EngineConfig, connect, shard_map  # noqa: E402
+from sluice.stages.data.engine import EngineConfig, connect, engine_parts  # noqa: E402
 from sluice.stages.data.shard import shard_dataset  # noqa: E402
 
 out = Path(sys.argv[1])
@@ -35,7 +35,7 @@ except subprocess.TimeoutExpired:
     report["stranger_joined"] = False
 cfg = ShardConfig(shard_samples=100, formats=["webdataset"], progress=False)
 ing = IngestConfig(source="fashion-mnist", limit=400)
-report["ray"] = [f.sha256 for f in shard_dataset(ing, out / "ray", cfg, map_shards=shard_map(engine, log=lambda x: None)).manifest.files()]
+report["ray"] = [f.sha256 for f in shard_dataset(ing, out / "ray", cfg, map_shards=engine_parts(engine, log=lambda x: None)).manifest.files()]
 report["local"] = [f.sha256 for f in shard_dataset(ing, out / "local", cfg).manifest.files()]
 ray.shutdown()
 print("REPORT " + json.dumps(report), flush=True)

@@ -74,7 +74,7 @@ class SpriteKind(DataKind):
         return SpriteVersion(fingerprint=fp, sources=[src], counts=src.counts, reused=reused,
                              classes=int(np.load(out / "train.npz")["labels"].max()) + 1)
 
-    def verify(self, version: DatasetVersion, data: DataConfig, log) -> dict[str, Any]:
+    def verify(self, version: DatasetVersion, data: DataConfig, log, *, parts=None) -> dict[str, Any]:
         root = Path(version.root)
         sums = json.loads((root / "manifest.json").read_text())["sha256"]
         bad = [f for f, h in sums.items() if hashlib.sha256((root / f"{f}.npz").read_bytes()).hexdigest() != h]

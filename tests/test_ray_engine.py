@@ -102,6 +102,27 @@ def test_text_signatures_and_tokens_on_ray_are_the_same_bytes_as_on_this_machine
     assert m.content_sha256 == local["content"]
 
 
+def test_sluice_verify_on_ray_reports_what_it_reports_here(cluster_run):
+    """The per-sample checks as Ray parts (each tar shard; the .beton in ranges of 500 records):
+    the same report for a sound artifact and for one with a byte flipped inside a sample's image
+    member, which is named by file, index and key; ``sluice verify --engine ray`` exits 1 on it;
+    a token artifact verifies on the cluster too."""
+    v = cluster_run["verify"]
+    for name in ("sound", "damaged"):
+        ray_, local = ({k: x for k, x in r.items() if k not in ("seconds", "root")} for r in
+                       (v[name]["ray"], v[name]["local"]))
+        assert ray_ == local, name
+    assert v["sound"]["local"]["ok"] and v["sound"]["local"]["samples"] >= LIMIT  # a check per sample and format
+    bad = v["damaged"]["local"]["damaged"]
+    assert [(d["file"], d["index"]) for d in bad] == [("train/shard-000000.tar", 2)], bad
+    said = "\n".join(cluster_run["verify_said"])
+    assert "tar_part parts on 2 node(s)" in said and "beton_part parts on 2 node(s)" in said, said
+    assert cluster_run["verify_cli_rc"] == 1 and "DAMAGED train/shard-000000.tar" in cluster_run["verify_cli_tail"], \
+        cluster_run["verify_cli_tail"]
+    ok, text_report = cluster_run["verify_text"]
+    assert ok and text_report["ok"], text_report
+
+
 def test_engine_settings_are_checked_before_anything_runs(tmp_path):
     from sluice.flows.pipeline import PipelineConfig
     from sluice.stages.data.engine import EngineConfig

@@ -2,9 +2,10 @@
 default; Ray not needed), or ``ray``, a Ray cluster (Ray Core tasks). A stage cuts its work
 deterministically (the shard map: one task per shard, planned from the source before anything
 runs) and merges the parts itself, so the artifact is the same bytes wherever the parts ran; the
-engine only decides where each part runs. On Ray today: the image shard map, and the text
-stage's two costly passes (MinHash signatures for dedup, and tokenizing), cut into parts of
-consecutive documents in source order; the LSH buckets and clusters, BPE training, ``verify`` and
+engine only decides where each part runs. On Ray today: the image shard map; the text stage's
+two costly passes (MinHash signatures for dedup, and tokenizing), cut into parts of consecutive
+documents in source order; and ``verify``'s per-sample checks (a tar shard, a range of ``.beton``
+records, a token split a part). The LSH buckets and clusters, BPE training, the files' sha256 and
 IL scoring still run on the machine running the stage (issue #49).
 
 A cluster address is ``host:port`` of a running Ray head (``ray start --head``). Without one,
@@ -30,7 +31,7 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Literal["local", "ray"] = Field("local", description="local: the stage's own process pool; ray: a Ray "
                                           "cluster (the image shard map, the text stage's signatures and "
-                                          "tokenizing; other stages stay local for now)")
+                                          "tokenizing, verify's checks; IL scoring stays local for now)")
     address: str | None = Field(None, description="ray: the head's host:port (ray start --head); none: start a "
                                 "Ray instance on this machine, on 127.0.0.1 with token authentication")
     cpus_per_part: float = Field(1.0, gt=0, description="ray: CPUs each part (one shard) asks for")
@@ -100,10 +101,10 @@ class RayParts:
 Parts = LocalParts | RayParts
 
 
-def shard_map(cfg: EngineConfig, log: Callable[[str], None] = print) -> RayParts | None:
+def engine_parts(cfg: EngineConfig, log: Callable[[str], None] = print) -> RayParts | None:
     """The engine ``cfg`` names: None for ``local`` (each stage runs its own pool or loop), else
-    the Ray cluster's parts: callable as the image shard map, and with ``ordered`` for the text
-    stage's parts."""
+    the Ray cluster's parts: callable as the image shard map, and with ``ordered`` for the other
+    stages' parts (text, verify)."""
     if cfg.name == "local":
         return None
     return RayParts(connect(cfg, log), cfg, log)

@@ -5,6 +5,11 @@ The loader checks the samples it reads as it reads them; this reads them all, in
 damaged file and sample, so a damaged artifact is found before a nightly run trains on it.
 ``full`` also re-hashes every file against the manifest's sha256 (what catches damage in bytes no
 sample owns: tar headers, padding, unreferenced pages).
+
+The per-sample checks run in parts (a tar shard, or a range of a ``.beton``'s records), in this
+process or on a Ray cluster (``engine: ray``, ``stages/data/engine.py``): a part opens the
+artifact by its root, so every node must see it at the same path; the report is the same wherever
+the parts ran. The files' sizes, sha256 (``full``) and counts are checked where the stage runs.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sluice.errors import ArtifactError
+from sluice.stages.data.engine import LocalParts, Parts
 from sluice.stages.data.formats.beton import read_layout
 from sluice.storage.artifact import DatasetArtifact, open_artifact, verify_file
 
@@ -75,12 +81,19 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify_artifact(path: str | os.PathLike, full: bool = False) -> VerifyReport:
+BETON_PART = 20_000  # .beton records per part
+
+
+def verify_artifact(path: str | os.PathLike, full: bool = False, parts: Parts | None = None) -> VerifyReport:
     """Check every sample of every split (and with ``full`` every file's sha256); never raises
-    for damage (the report lists it), only for an artifact that cannot be opened at all."""
+    for damage (the report lists it), only for an artifact that cannot be opened at all.
+    ``parts``: where the per-sample checks run (None: here)."""
     import time
     t0 = time.perf_counter()
     art = open_artifact(path)
+    _OPENED.clear()
+    _READ.clear()
+    _OPENED[art.root] = art  # parts run here use the artifact already open
     report = VerifyReport(root=art.root, full=full)
     for split, rec in art.manifest.splits.items():
         if rec.count == 0:
@@ -96,11 +109,13 @@ def verify_artifact(path: str | os.PathLike, full: bool = False) -> VerifyReport
             report.unchecked.append(split)
             continue
         try:
-            sums, keys, labels = art.sums(split), art.keys(split), art.labels(split)
+            keys = art.keys(split)
+            for what in ("tar", "ffcv", "labels"):
+                _read(art, split, what)
         except ArtifactError as e:
             report.damaged.append(Damaged(split, rec.sums.path, -1, "", str(e)))
             continue
-        for d in _check_tars(art, split, sums["tar"]) + _check_beton(art, split, sums["ffcv"], labels):
+        for d in _check_tars(art, split, parts) + _check_beton(art, split, parts):
             d.key = keys[d.index] if 0 <= d.index < len(keys) else ""
             report.damaged.append(d)
         report.samples += rec.count * (bool(rec.shards) + (rec.ffcv is not None))
@@ -115,29 +130,54 @@ def _file_of(message: str, art: DatasetArtifact, split: str) -> str:
     return f"{split}/"
 
 
-def _check_tars(art: DatasetArtifact, split: str, sums: np.ndarray) -> list[Damaged]:
-    """Each image member's bytes, at the offsets the DALI index gives (or, without index files,
-    in tar order)."""
+_OPENED: dict[str, DatasetArtifact] = {}  # per process: the artifact a part opened last
+_READ: dict[tuple[str, str, str], np.ndarray] = {}  # and its splits' checksums and stored labels
+
+
+def _opened(root: str) -> DatasetArtifact:
+    if root not in _OPENED:
+        _OPENED.clear()
+        _READ.clear()
+        _OPENED[root] = open_artifact(root)
+    return _OPENED[root]
+
+
+def _read(art: DatasetArtifact, split: str, what: str) -> np.ndarray:
+    """The split's checksums of one format (``tar``, ``ffcv``) or its stored labels, read once."""
+    key = (art.root, split, what)
+    if key not in _READ:
+        _READ[key] = art.stored_labels(split) if what == "labels" else art.sums(split)[what]
+    return _READ[key]
+
+
+def _check_tars(art: DatasetArtifact, split: str, parts: Parts | None) -> list[Damaged]:
+    """Each tar shard checked as one part (``tar_part``), the damage in shard order."""
+    n = len(art.manifest.split(split).shards)
+    found = (parts or LocalParts()).ordered(tar_part, ((art.root, split, k) for k in range(n)))
+    return [Damaged(*d) for damaged in found for d in damaged]
+
+
+def tar_part(part: tuple[str, str, int]) -> list[tuple]:
+    """(root, split, shard number) -> the shard's damage: each image member's bytes at the offsets
+    the DALI index gives (or, without index files, in tar order) against the split's checksums."""
     from sluice.stages.data.formats.tar import image_member_sums
-    rec, out = art.manifest.split(split), []
-    for sh in rec.shards:
-        path = art.local(sh.tar)
-        try:
-            if sh.dali_index is not None:
-                got = _indexed_member_sums(art, sh, art.manifest.fields.image.encoding, path)
-            else:
-                got = image_member_sums(path, art.manifest.fields.image.encoding)
-        except Exception as e:  # noqa: BLE001 - an unreadable shard is damage, named
-            out.append(Damaged(split, sh.tar.path, -1, "", f"cannot read its members: {type(e).__name__}: {e}"))
-            continue
-        want = sums[sh.first_index: sh.first_index + sh.count]
-        if len(got) != len(want):
-            out.append(Damaged(split, sh.tar.path, -1, "", f"{len(got)} image members, {len(want)} expected"))
-            continue
-        for k in np.flatnonzero(np.asarray(got, np.uint32) != want):
-            out.append(Damaged(split, sh.tar.path, sh.first_index + int(k), "",
-                               f"image member checksum {got[k]:08x}, written as {int(want[k]):08x}"))
-    return out
+    root, split, k = part
+    art = _opened(root)
+    sh = art.manifest.split(split).shards[k]
+    path = art.local(sh.tar)
+    try:
+        if sh.dali_index is not None:
+            got = _indexed_member_sums(art, sh, art.manifest.fields.image.encoding, path)
+        else:
+            got = image_member_sums(path, art.manifest.fields.image.encoding)
+    except Exception as e:  # noqa: BLE001 - an unreadable shard is damage, named
+        return [(split, sh.tar.path, -1, "", f"cannot read its members: {type(e).__name__}: {e}")]
+    want = _read(art, split, "tar")[sh.first_index: sh.first_index + sh.count]
+    if len(got) != len(want):
+        return [(split, sh.tar.path, -1, "", f"{len(got)} image members, {len(want)} expected")]
+    return [(split, sh.tar.path, sh.first_index + int(i), "",
+             f"image member checksum {got[i]:08x}, written as {int(want[i]):08x}")
+            for i in np.flatnonzero(np.asarray(got, np.uint32) != want)]
 
 
 def _indexed_member_sums(art: DatasetArtifact, sh, ext: str, path) -> list[int]:
@@ -151,55 +191,63 @@ def _indexed_member_sums(art: DatasetArtifact, sh, ext: str, path) -> list[int]:
     return got
 
 
-def _check_beton(art: DatasetArtifact, split: str, sums: np.ndarray, labels: np.ndarray) -> list[Damaged]:
+def _check_beton(art: DatasetArtifact, split: str, parts: Parts | None) -> list[Damaged]:
     """Each image field's stored bytes where FFCV reads them (the record's pointer), and each
     record's label and index against the labels as stored and the split index, in every
-    ``.beton`` part of the split."""
-    stored = art.stored_labels(split, labels)
-    return [d for part in art.manifest.split(split).ffcv_files()
-            for d in _check_beton_part(art, split, part.file, part.first_index, sums, stored)]
+    ``.beton`` part of the split, ``BETON_PART`` records a part (``beton_part``)."""
+    todo = [(art.root, split, j, lo, min(lo + BETON_PART, p.count))
+            for j, p in enumerate(art.manifest.split(split).ffcv_files()) for lo in range(0, p.count, BETON_PART)]
+    return [Damaged(*d) for damaged in (parts or LocalParts()).ordered(beton_part, todo) for d in damaged]
 
 
-def _check_beton_part(art: DatasetArtifact, split: str, rec, first: int, sums: np.ndarray,
-                      labels: np.ndarray) -> list[Damaged]:
+def beton_part(part: tuple[str, str, int, int, int]) -> list[tuple]:
+    """(root, split, .beton number, first record, end record) -> those records' damage."""
+    root, split, j, lo, hi = part
+    art = _opened(root)
+    p = art.manifest.split(split).ffcv_files()[j]
+    rec, first = p.file, p.first_index
     path = art.local(rec)
     try:
         _, fields, meta, alloc = read_layout(str(path))
         names = meta.dtype.names
         image, label, index = (meta[n] for n in names[:3])
     except Exception as e:  # noqa: BLE001 - a damaged header or table is damage, named
-        return [Damaged(split, rec.path, -1, "", f"its structure does not hold together: {type(e).__name__}: {e}")]
+        return [(split, rec.path, -1, "", f"its structure does not hold together: {type(e).__name__}: {e}")] \
+            if lo == 0 else []  # said once, by the file's first part
+    sums, labels = _read(art, split, "ffcv"), _read(art, split, "labels")
     raw = np.memmap(path, np.uint8, mode="r")
+    image, label, index = image[lo:hi], label[lo:hi], index[lo:hi]
     if art.manifest.fields.image.ffcv_field == "ndarray":
         ptr = image.astype(np.int64)
         size = np.full(len(ptr), int(np.prod(art.manifest.fields.image.shape)), np.int64)
     else:
         ptr = image["data_ptr"].astype(np.int64)
         sizes = dict(zip(alloc["ptr"].tolist(), alloc["size"].tolist()))
-        size = np.array([sizes.get(int(p), -1) for p in ptr], np.int64)
+        size = np.array([sizes.get(int(q), -1) for q in ptr], np.int64)
     out = []
     for k in range(len(ptr)):
-        i, p, n = first + k, int(ptr[k]), int(size[k])
-        if n < 0 or p + n > len(raw):
-            out.append(Damaged(split, rec.path, i, "", "its record points outside the stored images"))
+        i, q, n = first + lo + k, int(ptr[k]), int(size[k])
+        if n < 0 or q + n > len(raw):
+            out.append((split, rec.path, i, "", "its record points outside the stored images"))
             continue
-        got = zlib.crc32(raw[p:p + n])
+        got = zlib.crc32(raw[q:q + n])
         if got != sums[i]:
-            out.append(Damaged(split, rec.path, i, "", f"image field checksum {got:08x}, written as {int(sums[i]):08x}"))
+            out.append((split, rec.path, i, "", f"image field checksum {got:08x}, written as {int(sums[i]):08x}"))
         elif label[k] != labels[i] or index[k] != i:
-            out.append(Damaged(split, rec.path, i, "", f"its record says label {int(label[k])}, index {int(index[k])}; "
-                                                        f"written as label {int(labels[i])}, index {i}"))
+            out.append((split, rec.path, i, "", f"its record says label {int(label[k])}, index {int(index[k])}; "
+                                                f"written as label {int(labels[i])}, index {i}"))
     return out
 
 
-__all__ = ["VerifyReport", "Damaged", "verify_artifact", "verify_file"]
+__all__ = ["VerifyReport", "Damaged", "verify_artifact", "verify_file", "tar_part", "beton_part"]
 
 
-def check_before_training(root: str | os.PathLike, on_corrupt: str) -> tuple[VerifyReport, dict[str, Any]]:
+def check_before_training(root: str | os.PathLike, on_corrupt: str,
+                          parts: Parts | None = None) -> tuple[VerifyReport, dict[str, Any]]:
     """The pipeline's check before any rank reads a sample: every sample's checksum (the cheap
     form of ``sluice verify``). Damage fails here, naming it, unless the loader is set to skip
     damaged samples (``on_corrupt: skip``); returns the report and its summary for the run report."""
-    r = verify_artifact(root)
+    r = verify_artifact(root, parts=parts)
     if not r.ok and on_corrupt == "fail":
         raise ArtifactError(r.format() + "\n(loader.on_corrupt: skip trains without the damaged samples)")
     return r, {"ok": r.ok, "samples": r.samples, "seconds": r.seconds, "unchecked": r.unchecked,

@@ -205,8 +205,10 @@ class DataKind:
         ``map_shards``: where the parts run (``stages/data/engine.py``; None: this machine's pool)."""
         raise ConfigError(f"kind {self.name!r} cannot shard from the command line")
 
-    def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
-        """``sluice verify``: (ok, the report as JSON, the report for a person)."""
+    def verify_artifact(self, artifact: str | os.PathLike, full: bool, *,
+                        parts: Any = None) -> tuple[bool, dict[str, Any], str]:
+        """``sluice verify``: (ok, the report as JSON, the report for a person). ``parts``: where
+        the checks may run in parts (``stages/data/engine.py``; None: here)."""
         raise ConfigError(f"kind {self.name!r} cannot verify an artifact")
 
     def prepare(self, data: DataConfig, datasets_dir: Path, *, log: Log,
@@ -222,10 +224,10 @@ class DataKind:
         assembled over outside the flow. ``names``: default each dataset folder's name."""
         raise NotImplementedError
 
-    def verify(self, version: DatasetVersion, data: DataConfig, log: Log) -> dict[str, Any]:
+    def verify(self, version: DatasetVersion, data: DataConfig, log: Log, *, parts: Any = None) -> dict[str, Any]:
         """Every sample's checksum before any rank reads one: a summary for the report (damage
         fails here, naming it, unless the kind's loader is set to skip it); ``log`` gets the
-        check's report."""
+        check's report. ``parts``: as for ``verify_artifact``."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the training job

@@ -144,9 +144,10 @@ class ImageKind(DataKind):
             config.shard.progress = False
         return shard_dataset(config.ingest, out, config.shard, map_shards=map_shards).format()
 
-    def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
+    def verify_artifact(self, artifact: str | os.PathLike, full: bool, *,
+                        parts: Any = None) -> tuple[bool, dict[str, Any], str]:
         from sluice.stages.data.verify import verify_artifact
-        r = verify_artifact(artifact, full=full)
+        r = verify_artifact(artifact, full=full, parts=parts)
         return r.ok, r.to_dict(), r.format()
 
     def prepare(self, data: ImageData, datasets_dir: Path, *, log: Log,
@@ -197,11 +198,11 @@ class ImageKind(DataKind):
                             num_classes=m.fields.label.num_classes, shape=shape[:2] if shape else None, stats=stats,
                             damaged_sources=sum(len(a.manifest.damaged_sources) for a in arts))
 
-    def verify(self, version: DatasetVersion, data: ImageData, log: Log) -> dict[str, Any]:
+    def verify(self, version: DatasetVersion, data: ImageData, log: Log, *, parts: Any = None) -> dict[str, Any]:
         from sluice.stages.data.verify import check_before_training
         summaries = []
         for s in version.sources:
-            report, summary = check_before_training(s.root, data.loader.on_corrupt)
+            report, summary = check_before_training(s.root, data.loader.on_corrupt, parts)
             log(report.format())
             summaries.append(summary)
         return {"ok": all(s["ok"] for s in summaries), "samples": sum(s["samples"] for s in summaries),

@@ -103,17 +103,19 @@ class TokenKind(DataKind):
         return shard_text(config.model_copy(update={"progress": progress and config.progress}), source, out,
                           _parts(map_shards)).format()
 
-    def verify_artifact(self, artifact: str | os.PathLike, full: bool) -> tuple[bool, dict[str, Any], str]:
-        """Every split of a token artifact: its files (sha256 with ``full``) and every document's CRC-32."""
+    def verify_artifact(self, artifact: str | os.PathLike, full: bool, *,
+                        parts: Any = None) -> tuple[bool, dict[str, Any], str]:
+        """Every split of a token artifact: its files (sha256 with ``full``) and every document's
+        CRC-32, a split a part (``parts``: a Ray cluster's, or None: here)."""
+        from sluice.stages.data.engine import LocalParts
         root = version_dir(artifact)
         report: dict[str, Any] = {"artifact": str(root), "splits": {}, "ok": True}
-        for name, rec in read_token_manifest(root).splits.items():
-            try:
-                open_token_split(root, name).verify(deep=full)
-                report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": True}
-            except SluiceError as e:
-                report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": False, "error": str(e)}
-                report["ok"] = False
+        splits = read_token_manifest(root).splits
+        found = (parts or LocalParts()).ordered(token_split_part, ((str(root), name, full) for name in splits))
+        for (name, rec), error in zip(splits.items(), found):
+            report["splits"][name] = {"documents": rec.docs, "tokens": rec.tokens, "ok": error is None,
+                                      **({"error": error} if error else {})}
+            report["ok"] = report["ok"] and error is None
         lines = [f"token artifact {root}: " + ("every document matches its checksum" if report["ok"] else "DAMAGED")]
         for name, r in report["splits"].items():
             lines.append(f"  {name}: {r['documents']} documents, {r['tokens']} tokens: "
@@ -182,19 +184,18 @@ class TokenKind(DataKind):
             dropped={"exact": sum(m.dropped.exact_duplicates for m in manifests),
                      "near": sum(m.dropped.near_duplicates for m in manifests)})
 
-    def verify(self, version: DatasetVersion, data: TokenData, log: Log) -> dict[str, Any]:
+    def verify(self, version: DatasetVersion, data: TokenData, log: Log, *, parts: Any = None) -> dict[str, Any]:
         """Every document of every split of every source against its checksum, before any rank
-        reads one (the token loader cannot skip a damaged document: damage fails here, naming it)."""
+        reads one (the token loader cannot skip a damaged document: damage fails here, naming it);
+        a split a part (``parts``: a Ray cluster's, or None: here)."""
+        from sluice.stages.data.engine import LocalParts
+        todo = [(s, split, n) for s in version.sources for split, n in s.counts.items() if n]
+        found = (parts or LocalParts()).ordered(token_split_part, ((s.root, split, False) for s, split, _ in todo))
         docs, damaged = 0, []
-        for s in version.sources:
-            for split, n in s.counts.items():
-                if not n:
-                    continue
-                try:
-                    open_token_split(s.root, split).verify(deep=False)
-                except SluiceError as e:
-                    damaged.append({"file": f"{s.name}/{split}", "index": -1, "key": str(e)})
-                docs += n
+        for (s, split, n), error in zip(todo, found):
+            if error is not None:
+                damaged.append({"file": f"{s.name}/{split}", "index": -1, "key": error})
+            docs += n
         if damaged:
             raise ArtifactError("damaged token artifacts: " + "; ".join(f"{d['file']}: {d['key']}" for d in damaged))
         log(f"token artifacts: {docs} documents match their checksums")
@@ -332,3 +333,15 @@ def _parts(map_shards: Callable | None) -> Any:
         return map_shards
     raise ConfigError("prepare_runner runs the image shard map only; a text night's parts run on this machine "
                       "(prepare_runner: local) or on a Ray cluster (engine: ray)")
+
+
+def token_split_part(part: tuple[str, str, bool]) -> str | None:
+    """(a token artifact's root, a split, deep) -> None when every document of the split matches
+    its checksum (and with ``deep`` every file its sha256), else what is damaged: one part of
+    ``verify``, run in any process that sees the root."""
+    root, split, deep = part
+    try:
+        open_token_split(root, split).verify(deep=deep)
+    except SluiceError as e:
+        return str(e)
+    return None
