@@ -167,9 +167,9 @@ class PilFolder(torch.utils.data.Dataset):
             if 0 < cw <= w and 0 < ch <= h:
                 x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
                 break
-        else:  # the central crop at the nearest allowed ratio
+        else:  # torchvision's fallback: the central crop at the nearest allowed ratio, inside the image
             r = w / h
-            cw, ch = (w, round(w / RATIO[1])) if r > RATIO[1] else (round(h * RATIO[0]), h) if r < RATIO[0] else (w, h)
+            cw, ch = (w, round(w / RATIO[0])) if r < RATIO[0] else (round(h * RATIO[1]), h) if r > RATIO[1] else (w, h)
             x0, y0 = (w - cw) // 2, (h - ch) // 2
         img = img.resize((self.size, self.size), Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
         if random.random() < 0.5:

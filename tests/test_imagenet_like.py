@@ -165,6 +165,22 @@ def test_a_training_window_measures_throughput_wait_and_cores():
     assert r["cores_busy"] is None or r["cores_busy"] > 0
     assert gl.cpu_seconds() > 0 and gl._proc_cpu_seconds() > 0
 
+@pytest.mark.parametrize("w, h", [(400, 100), (100, 400), (300, 240)])
+def test_the_plain_loaders_fallback_crop_stays_inside_the_image(monkeypatch, tmp_path, w, h):
+    """When none of RandomResizedCrop's ten draws fits (rare: a flaky CI failure, PIL's 'box offset
+    can't be negative'), the plain loader takes torchvision's central crop at the nearest allowed
+    ratio, inside the image, for wide, tall and ordinary images alike."""
+    import random
+
+    from PIL import Image
+
+    from benchmarks import gpu_loader as gl
+    ds = gl.PilFolder(tmp_path, 32)
+    monkeypatch.setattr(random, "uniform", lambda a, b: b * 4)  # every draw too large: the fallback
+    x = ds._own(Image.new("RGB", (w, h), (120, 60, 30)))
+    assert tuple(x.shape) == (3, 32, 32)
+
+
 
 @pytest.mark.slow
 def test_the_cpu_mode_runs_end_to_end_on_a_tiny_dataset(tmp_path):
