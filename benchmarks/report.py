@@ -44,6 +44,7 @@ from benchmarks.photos import models_section as photos_models
 from benchmarks.photos import sweep_section as photos_crop_sweep
 from benchmarks.text_growth import results_section as text_growth
 from benchmarks.results_page import load as _load
+from benchmarks.scale_out import results_section as scale_out
 from benchmarks.selection_report import results_section as selection
 from benchmarks.shard import results_section as shard
 from benchmarks.shard_order_report import results_section as shard_order
@@ -122,6 +123,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("compression_links.json", compression_links), ("compression_links_quick.json", compression_links_quick),
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
     ("shard_order.json", shard_order),
+    ("scale_out.json", scale_out), ("scale_out_quick.json", lambda d: scale_out(d, "scale_out_quick.json")),
 ]
 
 # results files written once per host class: <stem>-<class>.json

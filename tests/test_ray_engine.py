@@ -83,6 +83,7 @@ def test_the_nightly_preparation_runs_its_shard_map_on_the_cluster(cluster_run):
     assert cluster_run["prepare_rc"] == 0, cluster_run["prepare_tail"]
     said = "\n".join(cluster_run["prepare_engine"])
     assert "joined the cluster at 127.0.0.1:" in said and "shard parts on 2 node(s)" in said, said
+    assert "scan_part parts on 2 node(s)" in said, said  # the scan's chunks ran there too
     root = next(p for p in (cluster_run["out"] / "night" / "datasets" / "fashion-mnist").iterdir() if p.is_dir())
     assert verify_artifact(root, full=True).ok
 

@@ -2,7 +2,7 @@
 default; Ray not needed), or ``ray``, a Ray cluster (Ray Core tasks). A stage cuts its work
 deterministically (the shard map: one task per shard, planned from the source before anything
 runs) and merges the parts itself, so the artifact is the same bytes wherever the parts ran; the
-engine only decides where each part runs. On Ray today: the image shard map; the text stage's
+engine only decides where each part runs. On Ray today: the image scan and shard map; the text stage's
 two costly passes (MinHash signatures for dedup, and tokenizing), cut into parts of consecutive
 documents in source order; and ``verify``'s per-sample checks (a tar shard, a range of ``.beton``
 records, a token split a part). The LSH buckets and clusters, BPE training, the files' sha256 and
@@ -93,9 +93,14 @@ class RayParts:
             n += 1
             if len(flight) >= window:
                 yield self.ray.get(flight.popleft())
+        said = f"engine ray: {n} {getattr(fn, '__name__', 'map')} parts on {self.where()}"
+        if not flight:
+            self.log(said)
         while flight:
-            yield self.ray.get(flight.popleft())
-        self.log(f"engine ray: {n} {getattr(fn, '__name__', 'map')} parts on {self.where()}")
+            result = self.ray.get(flight.popleft())
+            if not flight:  # said before the last result: a consumer such as zip stops right after it
+                self.log(said)
+            yield result
 
 
 Parts = LocalParts | RayParts

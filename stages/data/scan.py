@@ -8,7 +8,7 @@ import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -102,9 +102,11 @@ def content_crc(pixels) -> int:
     return crc32(repr(tuple(pixels.shape)).encode() + pixels.tobytes())
 
 
-def scan(encoder: SampleEncoder, plan: SplitPlan, work: Path, workers: int, progress) -> ScanResult:
+def scan(encoder: SampleEncoder, plan: SplitPlan, work: Path, workers: int, progress,
+         elsewhere: Callable[[list], Iterable[list[tuple]]] | None = None) -> ScanResult:
     """Validate every planned sample once (``progress(n)`` after each chunk); reuse a saved scan
-    of the same plan."""
+    of the same plan. ``elsewhere(chunks)``: each chunk's ``check_chunk`` verdicts, in order, run
+    somewhere else (a Ray cluster's parts); None: this machine's pool of ``workers``."""
     scan_path = work / SCAN_FILE
     sizes = {k: len(v) for k, v in plan.items()}
     if scan_path.exists():
@@ -115,12 +117,15 @@ def scan(encoder: SampleEncoder, plan: SplitPlan, work: Path, workers: int, prog
                               saved["content"], {s: [tuple(hw) for hw in v] for s, v in saved["sizes"].items()},
                               saved["totals"], saved["channels"])
     n = sum(sizes.values())
-    step = max(64, min(2000, n // (workers * 8) or 64))
+    # chunks: a few per pool worker; elsewhere, up to 500 samples (the cluster's size is its own)
+    step = max(16, min(500, n // 64 or 16)) if elsewhere is not None else max(64, min(2000, n // (workers * 8) or 64))
     chunks = [(split, items[k:k + step]) for split, items in plan.items() for k in range(0, len(items), step)]
     good: dict[str, list[PlannedSample]] = {s: [] for s in plan}
     checked: dict[str, list[Checked]] = {s: [] for s in plan}  # aligned to good
     bad: list[dict] = []
-    for (split, items), res in zip(chunks, map_forked(check_chunk, encoder, [c for _, c in chunks], workers)):
+    verdicts = elsewhere([c for _, c in chunks]) if elsewhere is not None else \
+        map_forked(check_chunk, encoder, [c for _, c in chunks], workers)
+    for (split, items), res in zip(chunks, verdicts):
         g, ch = good[split], checked[split]
         for (sp, i), (key, where, label, seen, reason) in zip(items, res):
             if reason is None:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 from sluice.errors import ShardError, SluiceError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.data.encode import SampleEncoder
+from sluice.stages.data.engine import RayParts
 from sluice.stages.data.formats import beton
 from sluice.stages.data.formats.ffcv import FfcvWriter
 from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, write_tar_shard
@@ -36,7 +37,7 @@ from sluice.stages.data.increment import Increment, Parent, find_parent
 from sluice.stages.data.increment import plan as plan_increment
 from sluice.stages.data.ingest import open_source
 from sluice.stages.data.record import ShardRun, VersionIdentity, record_version
-from sluice.stages.data.scan import PlannedSample, check_bad, scan
+from sluice.stages.data.scan import PlannedSample, check_bad, check_chunk, scan
 from sluice.stages.data.sources import Source
 from sluice.stages.data.split import plan_splits
 from sluice.stages.host import workers_or_cores
@@ -205,8 +206,11 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
     encoder = SampleEncoder(src, cfg, src.num_classes())
     try:
         splits = plan_splits(src, ingest)
+        spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json"), "channels": None}
+        on = (lambda chunks: map_shards.ordered(scan_part, ((spec, c) for c in chunks))) \
+            if isinstance(map_shards, RayParts) else None  # the scan's chunks where the shard map runs
         with _bar(sum(len(v) for v in splits.values()), "checking samples", cfg.progress) as advance:
-            found = scan(encoder, splits, work, workers, advance)
+            found = scan(encoder, splits, work, workers, advance, on)
         check_bad(found, cfg, work if fresh else None)
         encoder.channels = found.channels  # gray turned RGB by every writer, where the scan said so
         if parent is not None and parent.manifest.fields.image.shape != found.shape:
@@ -250,9 +254,9 @@ def _tell(message: str) -> None:
 _OPENED: dict[str, SampleEncoder] = {}  # per process: the source a remote shard writer opened last
 
 
-def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
-    """Write one planned shard in any process: the source is opened once per process from the
-    spec (so a remote worker needs the same paths), then the shard is written as usual."""
+def encoder_from_spec(spec: dict[str, Any]) -> SampleEncoder:
+    """The source opened and its encoder made once per process from a spec (so a remote worker
+    needs the same paths as the stage)."""
     ingest = IngestConfig.model_validate(spec["ingest"])
     cfg = ShardConfig.model_validate(spec["shard"])  # resolved: never ``auto`` here
     key = ingest.model_dump_json() + cfg.model_dump_json() + repr(spec.get("channels"))
@@ -260,7 +264,18 @@ def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
         _OPENED.clear()
         src = open_source(ingest)
         _OPENED[key] = SampleEncoder(src, cfg, src.num_classes(), spec.get("channels"))
-    return asdict(write_tar_shard(_OPENED[key], ShardTask.from_dict(task)))
+    return _OPENED[key]
+
+
+def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
+    """Write one planned shard in any process (``encoder_from_spec``), as the pool writes it."""
+    return asdict(write_tar_shard(encoder_from_spec(spec), ShardTask.from_dict(task)))
+
+
+def scan_part(part: tuple[dict[str, Any], list[tuple[str, int]]]) -> list[tuple]:
+    """(spec, a chunk of planned samples) -> ``scan.check_chunk``'s verdicts, in any process."""
+    spec, chunk = part
+    return check_chunk(encoder_from_spec(spec), chunk)
 
 
 def _largest_samples(inc: Increment, cfg: ShardConfig, shape) -> dict[str, int]:
