@@ -5,8 +5,9 @@ against this machine's pool and against LitData's ``optimize()`` and Ray Data's
 On this host a node is one core: a real ``ray.cluster_utils.Cluster`` with a 0-CPU head and two
 1-CPU worker nodes, in a network namespace that holds only loopback (Ray advertises the host's
 own address otherwise; ``python -m benchmarks.scale_out`` re-runs itself inside one), token
-authentication on. The stage's own work on the head (listing and scanning the source, the
-``.beton``, the manifest) runs with one worker in the Ray arms, as on a cluster's head node.
+authentication on. The stage's own work on the head (listing and fingerprinting the source, the
+``.beton``, the manifest; the scan and the tar shards run on the nodes) runs with one worker in
+the Ray arms, as on a cluster's head node.
 
 Arms, interleaved (their order rotates every repeat), each into a fresh folder:
 
@@ -24,8 +25,10 @@ Goals (fixed here, before any run): Ray's overhead against the pool at the same 
 three formats, they one); the model's throughput at 32 nodes >= 0.8x linear.
 
 The model: from the 1-node run, the shard map's time per part (``c``) and everything else
-(``F``: listing, scan, ``.beton``, manifest, on the head); ``T(n) = F + ceil(P / n) * c`` for P
-parts, checked against the measured 2-node run; efficiency ``T(1) / (n T(n))``.
+(``F``: listing and fingerprinting the source, the scan's parts, the ``.beton``, the manifest);
+``T(n) = F + ceil(P / n) * c`` for P shard parts, checked against the measured 2-node run;
+efficiency ``T(1) / (n T(n))``. F counts the scan, which also runs on the nodes, as serial: the
+model is pessimistic there, and says so.
 
     python -m benchmarks.scale_out [--quick] [--repeats N]
 """
@@ -314,7 +317,8 @@ def _model(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
     for n in (1, 2, 8, 32, 128):
         out["nodes"][str(n)] = {"seconds": t(n), "efficiency": t1 / (n * t(n)),
                                 "fixed_share": f / t(n), "parts_per_node": math.ceil(parts / n)}
-    first = "the head's serial work (listing and scanning the source, the .beton and the manifest: F)" \
+    first = "the work outside the shard map (F: the source's listing and fingerprint, the scan, the .beton and " \
+        "the manifest; the scan's share runs on the nodes too, so this overstates it)" \
         if f > c * math.ceil(parts / 32) else f"too few parts ({parts}) for 32 nodes"
     out["breaks_first"] = first
     return out
