@@ -95,18 +95,23 @@ def text_corpus(mb: int) -> Path:
 
 # ------------------------------------------------------------------ arms
 
-class TimedMap:
-    """The engine's shard map, timed: what the model splits a run into."""
+def timed_parts(parts: Any) -> Any:
+    """The engine's parts with the shard map timed (``seconds``, ``count``): what the model
+    splits a run into. The scan's parts run as they do untimed."""
+    from sluice.stages.data.engine import RayParts
 
-    def __init__(self, parts: Any):
-        self.parts, self.seconds, self.count = parts, 0.0, 0
+    class TimedParts(RayParts):
+        seconds, count = 0.0, 0
 
-    def __call__(self, spec: dict, tasks: list[dict]) -> list[dict]:
-        t = time.perf_counter()
-        out = self.parts(spec, tasks)
-        self.seconds += time.perf_counter() - t
-        self.count += len(tasks)
-        return out
+        def all(self, fn, items, what):
+            t = time.perf_counter()
+            out = super().all(fn, items, what)
+            self.seconds += time.perf_counter() - t
+            self.count += len(items)
+            return out
+    timed = TimedParts(parts.ray, parts.cfg, parts.log)
+    timed._remote = parts._remote
+    return timed
 
 
 def sluice_images(folder: Path, out: Path, workers: int, parts: Any = None) -> dict[str, Any]:
@@ -115,7 +120,7 @@ def sluice_images(folder: Path, out: Path, workers: int, parts: Any = None) -> d
     ingest = IngestConfig(source=str(folder), kind="folder", holdout_fraction=0.0, val_fraction=0.0,
                           test_fraction=0.0, check_classes=False)
     cfg = ShardConfig(encoding="jpg", shard_samples=SHARD_SAMPLES, workers=workers, progress=False)
-    timed = TimedMap(parts) if parts is not None else None
+    timed = timed_parts(parts) if parts is not None else None
     t = time.perf_counter()
     s = shard_dataset(ingest, out, cfg, map_shards=timed)
     seconds = time.perf_counter() - t

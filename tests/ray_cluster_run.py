@@ -62,9 +62,10 @@ report["one_process"] = sums(shard_dataset(ing, out / "one", cfg.model_copy(upda
 started, removed_during = threading.Event(), {}
 
 
-def while_running(spec, tasks):
+def while_running(spec, tasks):  # the shard map alone, as a callable that says when it started
+    from sluice.stages.data.shard import write_part
     started.set()
-    result = run(spec, tasks)
+    result = run.all(write_part, [(spec, t) for t in tasks], "shard parts")
     removed_during.setdefault("finished", time.time())
     return result
 

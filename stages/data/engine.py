@@ -54,8 +54,9 @@ class LocalParts:
 
 
 class RayParts:
-    """A stage's parts as Ray tasks on a cluster. Called as ``(spec, tasks)`` it is the image
-    shard map (``shard_dataset``'s ``map_shards``); ``ordered`` is any stage's ordered map."""
+    """A stage's parts as Ray tasks on a cluster: ``all`` (every part at once: the image shard
+    map) and ``ordered`` (a bounded window: the scan, the text stage, verify). The stages hand
+    it their own part functions; it imports none of them."""
     name = "ray"
 
     def __init__(self, ray: Any, cfg: EngineConfig, log: Callable[[str], None]):
@@ -71,11 +72,12 @@ class RayParts:
         ray = self.ray
         return f"{sum(n['Alive'] for n in ray.nodes())} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs"
 
-    def __call__(self, spec: dict[str, Any], tasks: list[dict]) -> list[dict]:
-        from sluice.stages.data.shard import write_shard_from_spec
-        write = self._task(write_shard_from_spec)
-        refs = [write.remote(spec, t) for t in tasks]
-        self.log(f"engine ray: {len(refs)} shard parts on {self.where()}")
+    def all(self, fn: Callable[[Any], Any], parts: list[Any], what: str) -> list[Any]:
+        """``fn(part)`` for every part as a Ray task, all in flight at once (each part's result is
+        small: the image shard map), results in order; says how many ``what`` ran where."""
+        task = self._task(fn)
+        refs = [task.remote(p) for p in parts]
+        self.log(f"engine ray: {len(refs)} {what} on {self.where()}")
         return self.ray.get(refs)
 
     def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None) -> Iterator[Any]:
@@ -108,8 +110,7 @@ Parts = LocalParts | RayParts
 
 def engine_parts(cfg: EngineConfig, log: Callable[[str], None] = print) -> RayParts | None:
     """The engine ``cfg`` names: None for ``local`` (each stage runs its own pool or loop), else
-    the Ray cluster's parts: callable as the image shard map, and with ``ordered`` for the other
-    stages' parts (text, verify)."""
+    the Ray cluster's parts, which a stage takes as its ``map_shards`` or ``parts``."""
     if cfg.name == "local":
         return None
     return RayParts(connect(cfg, log), cfg, log)

@@ -129,7 +129,9 @@ def shard_dataset(ingest: IngestConfig | str, out: str | os.PathLike,
 
     With ``config.incremental`` (the default) a changed source gets a version written on top of
     the newest one under ``out`` (``stages/data/increment.py``): only new and changed samples are
-    written. ``map_shards(spec, tasks)`` replaces the local process pool for the shard writes: it
+    written. ``map_shards`` is where the parts run instead of the local pool: the engine's Ray
+    parts (``stages/data/engine.py``: the scan's chunks and the shard writes), or a callable
+    ``map_shards(spec, tasks)`` for the shard writes alone: it
     must return ``write_shard_from_spec(spec, task)`` for every task, in order, run wherever it
     likes (a Prefect task runner, a Dask cluster whose workers see the same filesystem paths).
     """
@@ -227,7 +229,9 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
             if map_shards is not None and tasks:
                 spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json"),
                         "channels": encoder.channels}
-                results = [ShardWritten(**r) for r in map_shards(spec, [asdict(t) for t in tasks])]
+                done = map_shards.all(write_part, [(spec, asdict(t)) for t in tasks], "shard parts") \
+                    if isinstance(map_shards, RayParts) else map_shards(spec, [asdict(t) for t in tasks])
+                results = [ShardWritten(**r) for r in done]
             else:
                 results = []
                 with _bar(sum(len(t.items) for t in tasks), "writing shards", cfg.progress) as advance:
@@ -270,6 +274,11 @@ def encoder_from_spec(spec: dict[str, Any]) -> SampleEncoder:
 def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:
     """Write one planned shard in any process (``encoder_from_spec``), as the pool writes it."""
     return asdict(write_tar_shard(encoder_from_spec(spec), ShardTask.from_dict(task)))
+
+
+def write_part(part: tuple[dict[str, Any], dict]) -> dict:
+    """(spec, a planned shard) -> ``write_shard_from_spec``: a part of the engine's shard map."""
+    return write_shard_from_spec(*part)
 
 
 def scan_part(part: tuple[dict[str, Any], list[tuple[str, int]]]) -> list[tuple]:
