@@ -44,6 +44,23 @@ class EngineConfig(BaseModel):
         return {"name": v} if isinstance(v, str) else v
 
 
+_KEPT: dict[str, tuple[Any, Any]] = {}
+
+
+def kept(slot: str, key: Any, make: Callable[[], Any]) -> Any:
+    """What a part needs that is costly to make (an open source, a parsed tokenizer, an open
+    artifact), made once per process and ``slot``: a part of another ``key`` replaces it."""
+    if slot not in _KEPT or _KEPT[slot][0] != key:
+        _KEPT.pop(slot, None)
+        _KEPT[slot] = (key, make())
+    return _KEPT[slot][1]
+
+
+def keep(slot: str, key: Any, value: Any) -> None:
+    """Parts run in this process use ``value`` itself for ``key`` (the stage's own, already made)."""
+    _KEPT[slot] = (key, value)
+
+
 class LocalParts:
     """Parts run one after another in this process: what a stage does without an engine."""
     name = "local"

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 from sluice.errors import ShardError, SluiceError
 from sluice.stages.data.config import IngestConfig, PrepareConfig, ShardConfig
 from sluice.stages.data.encode import SampleEncoder
-from sluice.stages.data.engine import RayParts
+from sluice.stages.data.engine import RayParts, kept
 from sluice.stages.data.formats import beton
 from sluice.stages.data.formats.ffcv import FfcvWriter
 from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, write_tar_shard
@@ -255,20 +255,17 @@ def _tell(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-_OPENED: dict[str, SampleEncoder] = {}  # per process: the source a remote shard writer opened last
-
-
 def encoder_from_spec(spec: dict[str, Any]) -> SampleEncoder:
     """The source opened and its encoder made once per process from a spec (so a remote worker
     needs the same paths as the stage)."""
     ingest = IngestConfig.model_validate(spec["ingest"])
     cfg = ShardConfig.model_validate(spec["shard"])  # resolved: never ``auto`` here
     key = ingest.model_dump_json() + cfg.model_dump_json() + repr(spec.get("channels"))
-    if key not in _OPENED:
-        _OPENED.clear()
+
+    def make() -> SampleEncoder:
         src = open_source(ingest)
-        _OPENED[key] = SampleEncoder(src, cfg, src.num_classes(), spec.get("channels"))
-    return _OPENED[key]
+        return SampleEncoder(src, cfg, src.num_classes(), spec.get("channels"))
+    return kept("encoder", key, make)
 
 
 def write_shard_from_spec(spec: dict[str, Any], task: dict) -> dict:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sluice.errors import ArtifactError
-from sluice.stages.data.engine import LocalParts, Parts
+from sluice.stages.data.engine import LocalParts, Parts, keep, kept
 from sluice.stages.data.formats.beton import read_layout
 from sluice.storage.artifact import DatasetArtifact, open_artifact, verify_file
 
@@ -91,9 +91,7 @@ def verify_artifact(path: str | os.PathLike, full: bool = False, parts: Parts | 
     import time
     t0 = time.perf_counter()
     art = open_artifact(path)
-    _OPENED.clear()
-    _READ.clear()
-    _OPENED[art.root] = art  # parts run here use the artifact already open
+    keep("artifact", art.root, (art, {}))  # parts run here use the artifact already open, read afresh
     report = VerifyReport(root=art.root, full=full)
     for split, rec in art.manifest.splits.items():
         if rec.count == 0:
@@ -110,8 +108,8 @@ def verify_artifact(path: str | os.PathLike, full: bool = False, parts: Parts | 
             continue
         try:
             keys = art.keys(split)
-            for what in ("tar", "ffcv", "labels"):
-                _read(art, split, what)
+            for what in ("tar", "labels"):  # read here first: a bad file is named before any part runs
+                _read(art.root, split, what)
         except ArtifactError as e:
             report.damaged.append(Damaged(split, rec.sums.path, -1, "", str(e)))
             continue
@@ -130,24 +128,19 @@ def _file_of(message: str, art: DatasetArtifact, split: str) -> str:
     return f"{split}/"
 
 
-_OPENED: dict[str, DatasetArtifact] = {}  # per process: the artifact a part opened last
-_READ: dict[tuple[str, str, str], np.ndarray] = {}  # and its splits' checksums and stored labels
+def _opened(root: str) -> tuple[DatasetArtifact, dict]:
+    """The artifact at ``root``, opened once per process, with what its parts have read of it."""
+    return kept("artifact", root, lambda: (open_artifact(root), {}))
 
 
-def _opened(root: str) -> DatasetArtifact:
-    if root not in _OPENED:
-        _OPENED.clear()
-        _READ.clear()
-        _OPENED[root] = open_artifact(root)
-    return _OPENED[root]
-
-
-def _read(art: DatasetArtifact, split: str, what: str) -> np.ndarray:
-    """The split's checksums of one format (``tar``, ``ffcv``) or its stored labels, read once."""
-    key = (art.root, split, what)
-    if key not in _READ:
-        _READ[key] = art.stored_labels(split) if what == "labels" else art.sums(split)[what]
-    return _READ[key]
+def _read(root: str, split: str, what: str) -> np.ndarray:
+    """The split's checksums of one format (``tar``, ``ffcv``: one read of ``sums.npy`` serves
+    both) or its stored labels, read once per process."""
+    art, reads = _opened(root)
+    key = (split, "labels" if what == "labels" else "sums")
+    if key not in reads:
+        reads[key] = art.stored_labels(split) if what == "labels" else art.sums(split)
+    return reads[key] if what == "labels" else reads[key][what]
 
 
 def _check_tars(art: DatasetArtifact, split: str, parts: Parts | None) -> list[Damaged]:
@@ -162,7 +155,7 @@ def tar_part(part: tuple[str, str, int]) -> list[tuple]:
     the DALI index gives (or, without index files, in tar order) against the split's checksums."""
     from sluice.stages.data.formats.tar import image_member_sums
     root, split, k = part
-    art = _opened(root)
+    art, _ = _opened(root)
     sh = art.manifest.split(split).shards[k]
     path = art.local(sh.tar)
     try:
@@ -172,7 +165,7 @@ def tar_part(part: tuple[str, str, int]) -> list[tuple]:
             got = image_member_sums(path, art.manifest.fields.image.encoding)
     except Exception as e:  # noqa: BLE001 - an unreadable shard is damage, named
         return [(split, sh.tar.path, -1, "", f"cannot read its members: {type(e).__name__}: {e}")]
-    want = _read(art, split, "tar")[sh.first_index: sh.first_index + sh.count]
+    want = _read(root, split, "tar")[sh.first_index: sh.first_index + sh.count]
     if len(got) != len(want):
         return [(split, sh.tar.path, -1, "", f"{len(got)} image members, {len(want)} expected")]
     return [(split, sh.tar.path, sh.first_index + int(i), "",
@@ -203,7 +196,7 @@ def _check_beton(art: DatasetArtifact, split: str, parts: Parts | None) -> list[
 def beton_part(part: tuple[str, str, int, int, int]) -> list[tuple]:
     """(root, split, .beton number, first record, end record) -> those records' damage."""
     root, split, j, lo, hi = part
-    art = _opened(root)
+    art, _ = _opened(root)
     p = art.manifest.split(split).ffcv_files()[j]
     rec, first = p.file, p.first_index
     path = art.local(rec)
@@ -214,7 +207,7 @@ def beton_part(part: tuple[str, str, int, int, int]) -> list[tuple]:
     except Exception as e:  # noqa: BLE001 - a damaged header or table is damage, named
         return [(split, rec.path, -1, "", f"its structure does not hold together: {type(e).__name__}: {e}")] \
             if lo == 0 else []  # said once, by the file's first part
-    sums, labels = _read(art, split, "ffcv"), _read(art, split, "labels")
+    sums, labels = _read(root, split, "ffcv"), _read(root, split, "labels")
     raw = np.memmap(path, np.uint8, mode="r")
     image, label, index = image[lo:hi], label[lo:hi], index[lo:hi]
     if art.manifest.fields.image.ffcv_field == "ndarray":

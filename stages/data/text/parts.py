@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, TypeVar
 
 import numpy as np
 
+from sluice.stages.data.engine import keep, kept
 from sluice.stages.data.text.dedup import MinHasher
 from sluice.stages.data.text.tokenizer import TextTokenizer, tokenizer_from_json
 
@@ -50,23 +51,16 @@ def sign_part(part: tuple[tuple[int, int, int], list, list[str]]) -> tuple[list,
     return ids, sigs
 
 
-_TOKENIZERS: dict[str, TextTokenizer] = {}  # per process: tokenizers by the sha256 of their JSON
-
-
 def remember(tok: TextTokenizer, raw: bytes) -> None:
     """Parts run in this process encode with ``tok`` itself (``raw``: its JSON)."""
-    _TOKENIZERS.clear()
-    _TOKENIZERS[hashlib.sha256(raw).hexdigest()] = tok
+    keep("tokenizer", hashlib.sha256(raw).hexdigest(), tok)
 
 
 def encode_part(part: tuple[bytes, list, list[str]]) -> tuple[list, list[np.ndarray]]:
     """(the tokenizer's JSON, ids, texts) -> (ids, each text's token ids)."""
     raw, ids, texts = part
-    key = hashlib.sha256(raw).hexdigest()
-    if key not in _TOKENIZERS:
-        _TOKENIZERS.clear()
-        _TOKENIZERS[key] = tokenizer_from_json(raw)
-    return ids, _TOKENIZERS[key].encode_batch(texts)
+    tok = kept("tokenizer", hashlib.sha256(raw).hexdigest(), lambda: tokenizer_from_json(raw))
+    return ids, tok.encode_batch(texts)
 
 
 __all__ = ["PART_DOCS", "PART_BYTES", "chunks", "sign_part", "encode_part", "remember"]
