@@ -173,6 +173,29 @@ cli = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "shard", "fashio
                      capture_output=True, text=True, timeout=300)
 report["cli_rc"], report["cli_tail"] = cli.returncode, (cli.stdout + cli.stderr)[-1500:]
 
+# a stage interrupted as a whole: ``sluice shard --engine ray`` killed (-9) once a few shard parts
+# are recorded; the rerun reuses exactly the recorded parts, says how many, and ends with the same bytes
+from sluice.storage.part_records import SUFFIX  # noqa: E402
+
+kcmd = [sys.executable, "-m", "sluice.flows.cli", "shard", "fashion-mnist", "--out", str(out / "killed"), "--quiet",
+        "--engine", "ray", "--address", cluster.address, "--set", "ingest.limit=600",
+        "--set", "shard.shard_samples=50", "--set", "shard.formats=[webdataset,dali,ffcv]"]
+victim = subprocess.Popen(kcmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.time() + 240
+while time.time() < deadline and victim.poll() is None and len(list((out / "killed").glob(f"*/*/*{SUFFIX}"))) < 4:
+    time.sleep(0.005)
+victim.kill()
+victim.wait()
+recorded = len(list((out / "killed").glob(f"*/*/*{SUFFIX}")))
+rerun = subprocess.run(kcmd, capture_output=True, text=True, timeout=300)
+from sluice.storage.artifact import open_artifact  # noqa: E402
+
+report["resume"] = {"killed_rc": victim.returncode, "recorded_before": recorded, "rerun_rc": rerun.returncode,
+                    "tail": (rerun.stdout + rerun.stderr)[-1500:],
+                    "same": rerun.returncode == 0 and [f.sha256 for f in open_artifact(out / "killed").manifest.files()]
+                    == sums(shard_dataset(ing.model_copy(update={"limit": 600}), out / "pool-50",
+                                         cfg.model_copy(update={"shard_samples": 50, "workers": 2})))}
+
 # the nightly flow's preparation through the front door, on the cluster (Prefect's temporary API on loopback)
 night = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "run", "prepare", "--data-root", str(out / "night"),
                         "--set", "data.source=fashion-mnist", "--set", f"data.ingest.limit={limit}",
@@ -181,6 +204,31 @@ night = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "run", "prepar
                        capture_output=True, text=True, timeout=300)
 report["prepare_rc"], report["prepare_tail"] = night.returncode, (night.stdout + night.stderr)[-3000:]
 report["prepare_engine"] = [line for line in (night.stdout + night.stderr).splitlines() if "engine ray" in line]
+# text with a worker node lost mid-stage: a replacement node joins, then a worker node is removed
+# once the first part's result is in (the others running or queued on both workers); the parts it
+# held run again on the node that is left, and the artifact is the same bytes
+from sluice.stages.data.engine import RayParts  # noqa: E402
+
+workers.append(cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=100 * MIB))
+cluster.wait_for_nodes()
+lost_text: dict = {"nodes_before": len([n for n in ray.nodes() if n["Alive"]])}
+
+
+class LosingANode(RayParts):
+    def ordered(self, fn, parts, window=None):
+        for n, result in enumerate(super().ordered(fn, parts, window)):
+            if n == 0 and "part" not in lost_text:
+                cluster.remove_node(workers[-1])
+                lost_text["part"] = fn.__name__
+            elif "part" in lost_text and lost_text["part"] == fn.__name__:
+                lost_text["results_after"] = lost_text.get("results_after", 0) + 1
+            yield result
+
+
+text_parts.PART_DOCS = 30
+report["text_node_lost"] = token_sums(shard_text(tcfg, corpus, out / "text-lost", LosingANode(ray, engine, print)))
+lost_text["nodes_after"] = len([n for n in ray.nodes() if n["Alive"]])
+report["text_lost"] = lost_text
 ray.shutdown()
 cluster.shutdown()
 print("REPORT " + json.dumps(report), flush=True)

@@ -2,12 +2,14 @@
 0-CPU head and two 1-CPU workers in a network namespace of their own that holds only loopback
 (Ray advertises the host's own address otherwise), token authentication on. The image shard map
 run as Ray tasks writes the very bytes the local pool and one process write; a worker node
-removed mid-stage costs nothing but time; clients without the token are refused; and ``sluice
-shard --engine ray --address`` writes the same artifact."""
+removed mid-stage (images, text) costs nothing but time; a stage killed as a whole resumes from
+its recorded parts; clients without the token are refused; and ``sluice shard --engine ray
+--address`` writes the same artifact."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -59,6 +61,27 @@ def test_the_shard_map_on_ray_writes_the_same_bytes_as_the_pool_and_one_process(
 def test_a_worker_node_lost_mid_stage_costs_only_time(cluster_run):
     assert cluster_run["removed_mid_stage"] and cluster_run["nodes_after"] == 2
     assert cluster_run["node_lost"] == cluster_run["pool"]
+
+
+def test_text_with_a_worker_node_lost_mid_stage_is_the_same_bytes(cluster_run):
+    """A worker node removed once the text stage's first part is in (parts of 30 documents, so
+    dozens of them): the parts it held run again on the node left, the artifact is unchanged."""
+    lost = cluster_run["text_lost"]
+    assert lost["nodes_before"] == 3 and lost["nodes_after"] == 2, lost
+    assert lost["results_after"] >= 10, lost  # the stage went on well after the node was gone
+    assert cluster_run["text_node_lost"] == cluster_run["text_local"]
+
+
+def test_an_interrupted_stage_on_ray_resumes_from_its_recorded_parts(cluster_run):
+    """``sluice shard --engine ray`` killed (-9) mid-stage: the rerun reuses every shard part that
+    had its completion record (storage/part_records.py), says how many, writes the rest, and the
+    artifact is the pool's bytes."""
+    r = cluster_run["resume"]
+    assert r["killed_rc"] != 0 and r["recorded_before"] >= 4, r
+    assert r["rerun_rc"] == 0, r["tail"]
+    m = re.search(r"(\d+) shards written, (\d+) reused from an earlier run", r["tail"])
+    assert m and int(m.group(2)) >= r["recorded_before"] and int(m.group(1)) >= 1, r["tail"]
+    assert r["same"]
 
 
 def test_clients_without_the_token_are_refused(cluster_run):

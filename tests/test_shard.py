@@ -139,11 +139,12 @@ def test_kill_9_then_rerun_resumes_without_redoing_shards(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(out.glob("*/*/shard-*.tar"))) < 3:
+    while time.time() < deadline and len(list(out.glob("*/*/shard-*.tar.done.json"))) < 3:
         time.sleep(0.02)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    done_before = sorted(out.glob("*/*/shard-*.tar"))
+    # a shard counts as done once its completion record is written (storage/part_records.py)
+    done_before = [r.with_name(r.name[:-len(".done.json")]) for r in sorted(out.glob("*/*/shard-*.tar.done.json"))]
     assert len(done_before) >= 3
     version = next(p for p in out.iterdir() if p.is_dir())
     assert not (version / "manifest.json").exists()

@@ -88,6 +88,8 @@ class ShardConfig(BaseModel):
     incremental: bool = Field(True, description="write a new version of a grown or changed source on top of "
                               "the newest one under the same output (LATEST): only new and changed samples "
                               "are written, the rest reused (storage/manifest.py); false: every version whole")
+    merge_wait_s: float = Field(60.0, ge=0, description="how long the merge waits for a shard part's completion "
+                                "record (storage that shows files late) before it refuses the missing part")
 
     @model_validator(mode="after")
     def _formats(self) -> "ShardConfig":
@@ -130,7 +132,7 @@ class ShardConfig(BaseModel):
         fingerprints. Take it of a resolved config (``for_source``): ``auto`` means nothing on
         its own."""
         later = {k for k, v in _LATER_DEFAULTS.items() if getattr(self, k) == v}
-        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction", "incremental"} | later))
+        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction", "incremental", "merge_wait_s"} | later))
 
 
 def auto_encoding(formats: dict[str, int]) -> Encoding:

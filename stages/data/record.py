@@ -20,7 +20,7 @@ from sluice.stages.data.increment import CONTENT_NAME, SIZES_NAME, Increment
 from sluice.stages.data.ingest import source_record
 from sluice.stages.data.scan import SCAN_FILE, ScanResult
 from sluice.stages.data.stats import image_stats_of
-from sluice.storage import atomic
+from sluice.storage import atomic, part_records
 from sluice.storage.fingerprint import hash_obj, sha256_file
 from sluice.storage.manifest import (MAX_ANCESTORS, SPLITS, DamageRecord, FfcvPart, FieldSpecs, FileRecord,
                                      ImageFieldSpec, LabelFieldSpec, Manifest, QuarantineRecord, Relabel,
@@ -145,8 +145,10 @@ def _manifest(run: ShardRun, identity: VersionIdentity, splits: dict[str, SplitR
 
 
 def _drop_scratch(work: Path) -> None:
-    """The scan's and the .beton writer's working files, once the manifest is written."""
+    """The scan's, the .beton writer's and the shard parts' working files, once the manifest is written."""
     (work / SCAN_FILE).unlink(missing_ok=True)
     (work / FFCV_FAILED).unlink(missing_ok=True)
     for split in SPLITS:
         (work / split / FFCV_SUMS).unlink(missing_ok=True)
+        for done in (work / split).glob("*" + part_records.SUFFIX):  # the shard parts' completion records
+            done.unlink(missing_ok=True)

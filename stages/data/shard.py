@@ -10,9 +10,11 @@ re-running with the same inputs is a no-op and new data gets a new version.
 
 Two passes keep indices stable while writing in parallel: a scan (``scan``) finds which samples
 are usable (quarantining the rest) and fixes every sample's split index; then shards are written
-by a pool of processes (``formats.tar``; the .beton writer beside it, ``formats.ffcv``), each shard
-published atomically. A killed run resumes: finished shards are kept, and the manifest (written
-last) is what makes the artifact visible.
+by a pool of processes or the engine's parts (``formats.tar``; the .beton writer beside it,
+``formats.ffcv``), each shard published atomically and then its completion record; a strict merge
+reads every planned shard's record back (``storage/part_records.py``) before the manifest is
+written. A killed run resumes: recorded shards are kept (the summary says how many), and the
+manifest (written last) is what makes the artifact visible.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from sluice.stages.data.encode import SampleEncoder
 from sluice.stages.data.engine import RayParts, kept
 from sluice.stages.data.formats import beton
 from sluice.stages.data.formats.ffcv import FfcvWriter
-from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, write_tar_shard
+from sluice.stages.data.formats.tar import ShardTask, ShardWritten, mean_sample_bytes, shard_plan, write_tar_shard
 from sluice.stages.data.increment import Increment, Parent, find_parent
 from sluice.stages.data.increment import plan as plan_increment
 from sluice.stages.data.ingest import open_source
@@ -42,7 +44,7 @@ from sluice.stages.data.sources import Source
 from sluice.stages.data.split import plan_splits
 from sluice.stages.host import workers_or_cores
 from sluice.stages.worker_pool import WorkerDied, map_forked
-from sluice.storage import atomic
+from sluice.storage import atomic, part_records
 from sluice.storage.artifact import LATEST
 from sluice.storage.fingerprint import combine
 from sluice.storage.gc import GC_LOCK
@@ -223,21 +225,23 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
         inc = plan_increment(parent, found)
         tasks = _shard_tasks(encoder, inc, work) if "webdataset" in cfg.formats else []
         ffcv = FfcvWriter(work, inc.new, encoder, found.shape, {s: b.count for s, b in inc.bases.items()},
-                          page_bytes=_largest_samples(inc, cfg, found.shape))
-        ffcv.start(background=bool(tasks) and workers > 1)
+                          page_bytes=_largest_samples(inc, cfg, found.shape), shards=tasks,
+                          wait=_recorded(encoder))
+        ffcv.start(background=bool(tasks) and (workers > 1 or map_shards is not None))  # parts run elsewhere
         try:
             if map_shards is not None and tasks:
                 spec = {"ingest": ingest.model_dump(mode="json"), "shard": cfg.model_dump(mode="json"),
                         "channels": encoder.channels}
                 done = map_shards.all(write_part, [(spec, asdict(t)) for t in tasks], "shard parts") \
                     if isinstance(map_shards, RayParts) else map_shards(spec, [asdict(t) for t in tasks])
-                results = [ShardWritten(**r) for r in done]
+                said = [ShardWritten(**r) for r in done]
             else:
-                results = []
+                said = []
                 with _bar(sum(len(t.items) for t in tasks), "writing shards", cfg.progress) as advance:
                     for r in map_forked(write_tar_shard, encoder, tasks, workers):
-                        results.append(r)
+                        said.append(r)
                         advance(r.count)
+            results = _merge(encoder, tasks, said, work)
         except BaseException:
             ffcv.abort()  # nothing may go on writing once the stage has failed
             raise
@@ -249,6 +253,37 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
         if isinstance(e, SluiceError):
             raise
         raise ShardError(f"writing the artifact under {work} failed: {e}") from e
+
+
+def _merge(encoder: SampleEncoder, tasks: list[ShardTask], said: list[ShardWritten], work: Path) -> list[ShardWritten]:
+    """The strict merge: every planned shard's completion record read back from storage
+    (``storage/part_records.py``), not what the engine handed back, so a part that is missing,
+    partial or written for another plan is refused by name (a missing one after
+    ``merge_wait_s``), wherever the parts ran. What the engine said is only whether a part was
+    reused; a part that says other bytes than its record is foreign too."""
+    if len(said) != len(tasks):
+        raise ShardError(f"the shard map returned {len(said)} results for {len(tasks)} planned shards")
+    records = part_records.merge([(t.tar, shard_plan(encoder, t)) for t in tasks], encoder.config.merge_wait_s,
+                                 name=lambda p: p.relative_to(work).as_posix())
+    out = []
+    for t, rec, r in zip(tasks, records, said):
+        w = ShardWritten(**{**rec, "reused": r.reused})
+        if (w.tar_sha, w.idx_sha) != (r.tar_sha, r.idx_sha):
+            raise part_records.PartRefused(
+                f"the merge refused {Path(t.tar).relative_to(work).as_posix()}: foreign, its completion record "
+                f"says sha256 {w.tar_sha[:12]}, the part that ran said {r.tar_sha[:12]} (another writer?)")
+        out.append(w)
+    return out
+
+
+def _recorded(encoder: SampleEncoder) -> Callable[[ShardTask], None]:
+    """Wait until a shard part's completion record is there for its plan (the .beton writer takes
+    its images from the shard; the stage kills the writer if the parts fail)."""
+    def wait(task: ShardTask) -> None:
+        plan = shard_plan(encoder, task)
+        while part_records.reusable(task.tar, plan) is None:
+            time.sleep(0.05)
+    return wait
 
 
 def _tell(message: str) -> None:

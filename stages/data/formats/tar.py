@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from sluice.storage import atomic
-from sluice.storage.fingerprint import sha256_file
+from sluice.storage import atomic, part_records
 from sluice.storage.sums import crc32
 
 if TYPE_CHECKING:
@@ -124,18 +123,25 @@ class ShardWritten:
     sums: list[int] = field(default_factory=list)  # CRC-32 of each sample's image member (storage/sums.py)
 
 
+def shard_plan(encoder: "SampleEncoder", task: ShardTask) -> str:
+    """The plan of one shard part: the task (where, which samples, from which index) and what
+    decides its bytes (the config's content fingerprint and the channels the scan fixed), the
+    same wherever it is computed."""
+    return part_records.plan_id({"task": asdict(task), "shard": encoder.config.content_fingerprint(),
+                                 "channels": encoder.channels})
+
+
 def write_tar_shard(encoder: "SampleEncoder", task: ShardTask) -> ShardWritten:
-    """Write one tar shard (and its DALI index) atomically; reuse it if a past run finished it."""
+    """Write one tar shard (and its DALI index) atomically, then its completion record
+    (``storage/part_records.py``); reuse it if a past run finished and recorded this very plan."""
     tar_path, idx_path = Path(task.tar), Path(task.idx)
     want_idx = "dali" in encoder.config.formats
+    plan = shard_plan(encoder, task)
+    done = part_records.reusable(tar_path, plan)
+    if done is not None:
+        return ShardWritten(**{**done, "reused": True})
     where = dict(split=task.split, shard=task.shard, first_index=task.first_index,
                  count=len(task.items), tar=task.tar, idx=task.idx)
-    if tar_path.exists() and (idx_path.exists() or not want_idx):
-        return ShardWritten(**where, reused=True, tar_sha=sha256_file(tar_path),
-                            tar_bytes=tar_path.stat().st_size,
-                            idx_sha=sha256_file(idx_path) if want_idx else None,
-                            idx_bytes=idx_path.stat().st_size if want_idx else None,
-                            sums=image_member_sums(tar_path, encoder.config.encoding))
     with atomic.atomic_path(tar_path) as tmp:
         with open(tmp, "wb", buffering=1 << 20) as f:
             w = TarShardWriter(f)
@@ -153,6 +159,7 @@ def write_tar_shard(encoder: "SampleEncoder", task: ShardTask) -> ShardWritten:
             data = w.dali_index()
             atomic.write_bytes(idx_path, data)
             out.idx_sha, out.idx_bytes = hashlib.sha256(data).hexdigest(), len(data)
+    part_records.finish(tar_path, plan, asdict(out), [tar_path, idx_path] if want_idx else [tar_path])
     return out
 
 
