@@ -120,6 +120,7 @@ def test_text_signatures_and_tokens_on_ray_are_the_same_bytes_as_on_this_machine
     assert local["dropped"]["exact_duplicates"] >= 15 and local["dropped"]["near_duplicates"] >= 1, local["dropped"]
     said = "\n".join(cluster_run["text_said"])
     assert "sign_part parts on 2 node(s)" in said and "encode_part parts on 2 node(s)" in said, said
+    assert "bucket_part parts on 2 node(s)" in said, said  # the LSH buckets, a band a part
     assert cluster_run["text_cli_rc"] == 0, cluster_run["text_cli_tail"]
     from sluice.storage.tokens import read_token_manifest, version_dir
     m = read_token_manifest(version_dir(cluster_run["out"] / "text-cli"))

@@ -190,6 +190,39 @@ def test_where_the_parts_are_cut_changes_no_byte(tmp_path, monkeypatch):
     assert whole[1]["exact_duplicates"] == 1 and whole[1]["near_duplicates"] == 1
 
 
+def test_the_lsh_buckets_found_a_band_a_part_give_the_same_verdicts(tmp_path, monkeypatch):
+    """The LSH buckets of the whole corpus found beforehand, one part per band (on the engine
+    with ``engine: ray``: ``text/parts.bucket_part``), drop exactly the documents, for exactly
+    the kept ones, that each band's bytes as buckets drop: near copies of near copies, a copy
+    of a dropped copy, chains of edits."""
+    import random
+
+    from sluice.stages.data.text import scan as scan_mod
+    from sluice.stages.data.text.parts import bucket_part
+    band, ids = bucket_part((2, np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4]], np.uint32)))
+    assert band == 2 and ids.tolist() == [0, 1, 0, 3, 1]
+    rnd = random.Random(0)
+    src = _folder(tmp_path / "src", 30)
+    for i in range(60):  # edits of edits: some near their origin, some only near a copy
+        words = _text(i % 7, 150).split()
+        for _ in range(rnd.randrange(1, 6)):
+            words[rnd.randrange(len(words))] = f"w{rnd.randrange(10**6)}"
+        (src / f"zz_{i:03d}.txt").write_text(" ".join(words) + "\n")
+
+    def verdicts(out):
+        m = shard_text(_cfg(), src, out).manifest
+        return [f.sha256 for f in m.files()], m.dropped.model_dump()
+    calls = []
+    real = scan_mod._buckets
+    monkeypatch.setattr(scan_mod, "_buckets", lambda *a: calls.append(1) or real(*a))
+    by_parts = verdicts(tmp_path / "parts")
+    assert calls  # the buckets were found a band a part
+    monkeypatch.setattr(scan_mod, "_buckets", lambda *a: None)  # each band's bytes as its bucket
+    assert verdicts(tmp_path / "bytes") == by_parts
+    assert by_parts[1]["near_duplicates"] >= 8, by_parts[1]
+    assert any(k.startswith("zz_") for k in by_parts[1]["duplicate_of"].values())  # kept for a copy, not the origin
+
+
 def test_near_duplicate_threshold_above_and_below():
     a = _text(5, 200)
     words = a.split()

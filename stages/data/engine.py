@@ -4,9 +4,9 @@ deterministically (the shard map: one task per shard, planned from the source be
 runs) and merges the parts itself, so the artifact is the same bytes wherever the parts ran; the
 engine only decides where each part runs. On Ray today: the image scan and shard map; the text stage's
 two costly passes (MinHash signatures for dedup, and tokenizing), cut into parts of consecutive
-documents in source order; and ``verify``'s per-sample checks (a tar shard, a range of ``.beton``
-records, a token split a part). The LSH buckets and clusters, BPE training, the files' sha256 and
-IL scoring still run on the machine running the stage (issue #49).
+documents in source order, and its LSH buckets (a band a part); and ``verify``'s per-sample
+checks (a tar shard, a range of ``.beton`` records, a token split a part). The dedup clusters, BPE
+training, the files' sha256 and IL scoring still run on the machine running the stage (issue #49).
 
 A cluster address is ``host:port`` of a running Ray head (``ray start --head``). Without one,
 Sluice starts a Ray instance of its own on this machine: on 127.0.0.1, with token authentication
@@ -30,8 +30,9 @@ class EngineConfig(BaseModel):
     """``engine``: ``local`` or ``ray``; for Ray the cluster's address and each part's CPUs."""
     model_config = ConfigDict(extra="forbid")
     name: Literal["local", "ray"] = Field("local", description="local: the stage's own process pool; ray: a Ray "
-                                          "cluster (the image shard map, the text stage's signatures and "
-                                          "tokenizing, verify's checks; IL scoring stays local for now)")
+                                          "cluster (the image scan and shard map, the text stage's signatures, "
+                                          "LSH buckets and tokenizing, verify's checks; IL scoring stays "
+                                          "local for now)")
     address: str | None = Field(None, description="ray: the head's host:port (ray start --head); none: start a "
                                 "Ray instance on this machine, on 127.0.0.1 with token authentication")
     cpus_per_part: float = Field(1.0, gt=0, description="ray: CPUs each part (one shard) asks for")

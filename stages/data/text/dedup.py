@@ -14,6 +14,7 @@ import hashlib
 import re
 import zlib
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -96,17 +97,22 @@ class Deduplicator:
         self.hasher = MinHasher(num_perm, shingle, seed)
         self.bands, self.rows = _bands(num_perm, threshold)
         self._exact: dict[int, str] = {}
-        self._buckets: list[dict[bytes, list[int]]] = [{} for _ in range(self.bands)]
+        self._buckets: list[dict[Any, list[int]]] = [{} for _ in range(self.bands)]
         self._sigs: list[np.ndarray] = []
         self._keys: list[str] = []
 
-    def check(self, key: str, digest: int, sig: np.ndarray | None = None) -> tuple[str, str] | None:
+    def check(self, key: str, digest: int, sig: np.ndarray | None = None,
+              buckets: Sequence[int] | None = None) -> tuple[str, str] | None:
         """None for a new document (now remembered), or ``("exact" | "near", kept key)``.
-        ``digest``: its ``content_hash``; ``sig``: its ``hasher.signature`` (None: exact only)."""
+        ``digest``: its ``content_hash``; ``sig``: its ``hasher.signature`` (None: exact only);
+        ``buckets``: its LSH bucket in each band, found beforehand for the whole corpus
+        (``text/parts.bucket_part``), else its bands' bytes are the buckets. The same
+        answers either way; a deduplicator takes one or the other for every document."""
         if digest in self._exact:
             return "exact", self._exact[digest]
         if self.near and sig is not None:
-            parts = [sig[b * self.rows:(b + 1) * self.rows].tobytes() for b in range(self.bands)]
+            parts: Sequence[Any] = buckets if buckets is not None else \
+                [sig[b * self.rows:(b + 1) * self.rows].tobytes() for b in range(self.bands)]
             seen: set[int] = set()
             for b, part in enumerate(parts):
                 for j in self._buckets[b].get(part, ()):

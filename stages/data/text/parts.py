@@ -1,6 +1,6 @@
-"""The text stage's two costly passes as parts that run in any process (this one, or a Ray
+"""The text stage's costly passes as parts that run in any process (this one, or a Ray
 worker: ``stages/data/engine.py``): MinHash signatures and token ids of consecutive documents in
-source order. A part is plain data (the hasher's parameters or the tokenizer's JSON, the
+source order, and the LSH buckets of the whole corpus, a band a part. A part is plain data (the hasher's parameters or the tokenizer's JSON, the
 documents' texts) and its result is a pure function of it, so where a part ran never changes
 a byte of the artifact; the stage feeds the results back in order."""
 from __future__ import annotations
@@ -51,6 +51,19 @@ def sign_part(part: tuple[tuple[int, int, int], list, list[str]]) -> tuple[list,
     return ids, sigs
 
 
+def bucket_part(part: tuple[int, np.ndarray]) -> tuple[int, np.ndarray]:
+    """(band, that band's rows of every signature in judging order, (n, rows)) -> (band, each
+    document's LSH bucket in it: the position of the first document whose rows are the same).
+    One part per band: the buckets of the whole corpus, cut by band as datatrove cuts them."""
+    band, rows = part
+    if len(rows) == 0:
+        return band, np.zeros(0, np.int64)
+    rows = np.ascontiguousarray(rows)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return band, first[inverse.ravel()].astype(np.int64)
+
+
 def remember(tok: TextTokenizer, raw: bytes) -> None:
     """Parts run in this process encode with ``tok`` itself (``raw``: its JSON)."""
     keep("tokenizer", hashlib.sha256(raw).hexdigest(), tok)
@@ -63,4 +76,4 @@ def encode_part(part: tuple[bytes, list, list[str]]) -> tuple[list, list[np.ndar
     return ids, tok.encode_batch(texts)
 
 
-__all__ = ["PART_DOCS", "PART_BYTES", "chunks", "sign_part", "encode_part", "remember"]
+__all__ = ["PART_DOCS", "PART_BYTES", "chunks", "sign_part", "bucket_part", "encode_part", "remember"]

@@ -19,7 +19,7 @@ from sluice.stages.data.engine import LocalParts, Parts
 from sluice.stages.data.split import split_of
 from sluice.stages.data.text.config import TextShardConfig
 from sluice.stages.data.text.dedup import Deduplicator, content_hash
-from sluice.stages.data.text.parts import chunks, sign_part
+from sluice.stages.data.text.parts import bucket_part, chunks, sign_part
 from sluice.stages.data.text.sources import RawDoc, TextSource
 from sluice.storage import atomic
 from sluice.storage.manifest import QuarantineRecord
@@ -123,10 +123,12 @@ def scan(src: TextSource, cfg: TextShardConfig, dedup: Deduplicator, work: Path 
     return found
 
 
-def deduplicate(found: Scan, first: Iterable[str], dedup: Deduplicator, enabled: bool) -> tuple[list[ScannedDoc], Dropped]:
+def deduplicate(found: Scan, first: Iterable[str], dedup: Deduplicator, enabled: bool,
+                parts: Parts | None = None) -> tuple[list[ScannedDoc], Dropped]:
     """The kept documents in source order. The documents keyed in ``first`` (a parent version's,
     in its split order) are judged first, so a document the parent kept is never dropped for a
-    newer near-copy."""
+    newer near-copy. The LSH buckets of the whole corpus are found first, a band a part
+    (``parts``: on the engine); the clusters, which need every earlier verdict, here."""
     dropped = Dropped()
     if not enabled:
         return list(found.good), dropped
@@ -134,9 +136,10 @@ def deduplicate(found: Scan, first: Iterable[str], dedup: Deduplicator, enabled:
     for k in first:
         rank.setdefault(k, len(rank))
     order = sorted(found.good, key=lambda d: (0, rank[d.key]) if d.key in rank else (1, d.pos))
+    buckets = _buckets(order, dedup, parts)
     keep = set()
-    for d in order:
-        hit = dedup.check(d.key, d.digest, d.sig)
+    for n, d in enumerate(order):
+        hit = dedup.check(d.key, d.digest, d.sig, None if buckets is None else buckets[n])
         if hit is None:
             keep.add(d.key)
             continue
@@ -149,6 +152,20 @@ def deduplicate(found: Scan, first: Iterable[str], dedup: Deduplicator, enabled:
     return [d for d in found.good if d.key in keep], dropped
 
 
+def _buckets(order: list[ScannedDoc], dedup: Deduplicator, parts: Parts | None) -> np.ndarray | None:
+    """Each document's LSH bucket in each band, (n, bands), in judging order; None when some
+    document has no signature (near dedup off)."""
+    if not dedup.near or not order or any(d.sig is None for d in order):
+        return None
+    sigs = np.stack([d.sig for d in order])
+    r = dedup.rows
+    out = np.empty((len(order), dedup.bands), np.int64)
+    for band, ids in (parts or LocalParts()).ordered(
+            bucket_part, ((b, sigs[:, b * r:(b + 1) * r]) for b in range(dedup.bands))):
+        out[:, band] = ids
+    return out
+
+
 def new_deduplicator(cfg: TextShardConfig) -> Deduplicator:
     return Deduplicator(cfg.near_dup_threshold, cfg.num_perm, cfg.shingle, cfg.seed, near=True)
 
@@ -157,7 +174,7 @@ def kept_documents(src: TextSource, cfg: TextShardConfig, parts: Parts | None = 
     """The documents a first version of ``src`` keeps (bad ones and repeats left out), in source
     order, each with its split: what ``shard_text`` writes when there is no parent to rank first."""
     dedup = new_deduplicator(cfg)
-    kept, _ = deduplicate(scan(src, cfg, dedup, parts=parts), (), dedup, cfg.dedup)
+    kept, _ = deduplicate(scan(src, cfg, dedup, parts=parts), (), dedup, cfg.dedup, parts)
     return kept
 
 

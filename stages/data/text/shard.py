@@ -222,7 +222,7 @@ def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: s
     dedup = new_deduplicator(cfg)
     found = scan(src, cfg, dedup, work, parts)
     first = [k for s in TOKEN_SPLITS if s in parent.splits for k in parent.splits[s].keys] if parent else []
-    kept, dropped = deduplicate(found, first, dedup, cfg.dedup)
+    kept, dropped = deduplicate(found, first, dedup, cfg.dedup, parts)
     tok = _tokenizer(src, cfg, kept, parent)
     atomic.write_bytes(work / TOKENIZER_NAME, tok.to_json())
     dtype = "uint16" if tok.vocab_size <= 65535 else "uint32"
