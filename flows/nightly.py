@@ -79,7 +79,9 @@ def il_task(c: PipelineConfig, version: DatasetVersion) -> dict[str, Any]:
     """IL scores for this version: stored, carried by key from the nearest earlier version's (only
     new, changed and relabelled samples scored), or computed afresh; on the training device."""
     t0 = time.perf_counter()
-    s = c.kind().irreducible_loss(version, c.selection, str(c.scores_dir()), "cuda" if c.on_cuda() else "cpu")
+    from sluice.stages.data.engine import engine_parts
+    s = c.kind().irreducible_loss(version, c.selection, str(c.scores_dir()), "cuda" if c.on_cuda() else "cpu",
+                                  parts=engine_parts(c.engine, _log))
     _log(s.pop("describe", ""))
     return {**s, "wall_s": time.perf_counter() - t0}
 

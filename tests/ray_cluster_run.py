@@ -204,6 +204,28 @@ night = subprocess.run([sys.executable, "-m", "sluice.flows.cli", "run", "prepar
                        capture_output=True, text=True, timeout=300)
 report["prepare_rc"], report["prepare_tail"] = night.returncode, (night.stdout + night.stderr)[-3000:]
 report["prepare_engine"] = [line for line in (night.stdout + night.stderr).splitlines() if "engine ray" in line]
+# IL scoring (RHO-LOSS's irreducible-loss model) on the cluster: the model trained here, its
+# scoring pass as Ray parts (one scoring batch a part here, so there are many); the same losses
+import numpy as np  # noqa: E402
+
+from sluice.stages.load import split_arrays  # noqa: E402
+from sluice.stages.select import il_parts  # noqa: E402
+from sluice.stages.select.config import ILModelConfig  # noqa: E402
+from sluice.stages.select.il_model import fit_and_score, score_with  # noqa: E402
+
+il_parts.PART_BATCHES = 1
+ilcfg = ILModelConfig(epochs=1, batch_size=32, model_kwargs={"width": 4}, progress=False, amp="none",
+                      score_batch_size=128)
+with open_artifact(on_ray.root) as art:
+    hx, hy = split_arrays(art, "holdout", live_only=True)
+    tx, ty = split_arrays(art, "train")
+il_here, il_extra, il_model = fit_and_score(ilcfg, hx, hy, tx, ty, 10)
+il_said: list[str] = []
+il_there, il_acc = score_with(il_model, ilcfg, tx, ty, 10, score=il_parts.scorer(engine_saying(il_said), ilcfg, 10))
+report["il"] = {"same": bool(np.array_equal(il_here, il_there)), "n": int(len(ty)),
+                "max_diff": float(np.abs(il_here - il_there).max()), "acc": [il_acc, il_extra["scored_accuracy"]],
+                "said": il_said}
+
 # text with a worker node lost mid-stage: a replacement node joins, then a worker node is removed
 # once the first part's result is in (the others running or queued on both workers); the parts it
 # held run again on the node that is left, and the artifact is the same bytes

@@ -84,6 +84,15 @@ def test_an_interrupted_stage_on_ray_resumes_from_its_recorded_parts(cluster_run
     assert r["same"]
 
 
+def test_il_scoring_on_ray_gives_the_losses_scored_here(cluster_run):
+    """The IL model's scoring pass as Ray parts (stages/select/il_parts.py; a scoring batch a
+    part): every train sample's loss equal to this process's, and the accuracy."""
+    il = cluster_run["il"]
+    assert il["n"] >= LIMIT * 0.6 and il["same"], il
+    assert il["acc"][0] == il["acc"][1]
+    assert any("score_part parts on 2 node(s)" in line for line in il["said"]), il["said"]
+
+
 def test_clients_without_the_token_are_refused(cluster_run):
     c = cluster_run["clients"]
     assert c["right_token"]["joined"]

@@ -5,8 +5,9 @@ runs) and merges the parts itself, so the artifact is the same bytes wherever th
 engine only decides where each part runs. On Ray today: the image scan and shard map; the text stage's
 two costly passes (MinHash signatures for dedup, and tokenizing), cut into parts of consecutive
 documents in source order, and its LSH buckets (a band a part); and ``verify``'s per-sample
-checks (a tar shard, a range of ``.beton`` records, a token split a part). The dedup clusters, BPE
-training, the files' sha256 and IL scoring still run on the machine running the stage (issue #49).
+checks (a tar shard, a range of ``.beton`` records, a token split a part); and the IL model's scoring
+pass (``stages/select/il_parts.py``). The dedup clusters, BPE training, the IL model's training
+and the files' sha256 still run on the machine running the stage (issue #49).
 
 A cluster address is ``host:port`` of a running Ray head (``ray start --head``). Without one,
 Sluice starts a Ray instance of its own on this machine: on 127.0.0.1, with token authentication
@@ -31,8 +32,7 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Literal["local", "ray"] = Field("local", description="local: the stage's own process pool; ray: a Ray "
                                           "cluster (the image scan and shard map, the text stage's signatures, "
-                                          "LSH buckets and tokenizing, verify's checks; IL scoring stays "
-                                          "local for now)")
+                                          "LSH buckets and tokenizing, verify's checks, IL scoring)")
     address: str | None = Field(None, description="ray: the head's host:port (ray start --head); none: start a "
                                 "Ray instance on this machine, on 127.0.0.1 with token authentication")
     cpus_per_part: float = Field(1.0, gt=0, description="ray: CPUs each part (one shard) asks for")
@@ -66,7 +66,8 @@ class LocalParts:
     """Parts run one after another in this process: what a stage does without an engine."""
     name = "local"
 
-    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None) -> Iterator[Any]:
+    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None,
+                gpus: float = 0) -> Iterator[Any]:
         """``fn(part)`` for each part, in order."""
         return map(fn, parts)
 
@@ -79,12 +80,17 @@ class RayParts:
 
     def __init__(self, ray: Any, cfg: EngineConfig, log: Callable[[str], None]):
         self.ray, self.cfg, self.log = ray, cfg, log
-        self._remote: dict[Callable, Any] = {}
+        self._remote: dict[tuple[Callable, float], Any] = {}
 
-    def _task(self, fn: Callable) -> Any:
-        if fn not in self._remote:
-            self._remote[fn] = self.ray.remote(num_cpus=self.cfg.cpus_per_part, max_retries=self.cfg.max_retries)(fn)
-        return self._remote[fn]
+    def _task(self, fn: Callable, gpus: float = 0) -> Any:
+        if (fn, gpus) not in self._remote:
+            self._remote[fn, gpus] = self.ray.remote(num_cpus=self.cfg.cpus_per_part, num_gpus=gpus,
+                                                     max_retries=self.cfg.max_retries)(fn)
+        return self._remote[fn, gpus]
+
+    def has_gpus(self) -> bool:
+        """Whether the cluster has a GPU (a part that can use one asks for it: IL scoring)."""
+        return self.ray.cluster_resources().get("GPU", 0) > 0
 
     def where(self) -> str:
         ray = self.ray
@@ -98,12 +104,13 @@ class RayParts:
         self.log(f"engine ray: {len(refs)} {what} on {self.where()}")
         return self.ray.get(refs)
 
-    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None) -> Iterator[Any]:
-        """``fn(part)`` for each part as a Ray task, results in the parts' order; at most
-        ``window`` parts in flight (default: twice the cluster's CPUs), so a corpus larger than
-        the object store streams through it. A part whose node is lost runs again
+    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None,
+                gpus: float = 0) -> Iterator[Any]:
+        """``fn(part)`` for each part as a Ray task (with ``gpus`` GPUs), results in the parts'
+        order; at most ``window`` parts in flight (default: twice the cluster's CPUs), so a corpus
+        larger than the object store streams through it. A part whose node is lost runs again
         (``max_retries``); a part that raises raises here, with Ray's traceback."""
-        task = self._task(fn)
+        task = self._task(fn, gpus)
         cpus = int(self.ray.cluster_resources().get("CPU", 1) or 1)
         window = max(1, window or 2 * cpus)
         flight: deque = deque()

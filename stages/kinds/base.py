@@ -247,7 +247,7 @@ class DataKind:
         return None
 
     def irreducible_loss(self, version: DatasetVersion, selection: SelectionConfig, scores_root: str,
-                         device: str) -> dict[str, Any]:
+                         device: str, parts: Any = None) -> dict[str, Any]:
         """The irreducible-loss scores of the train split, for a method that needs them."""
         raise ConfigError(f"selection method {selection.method!r} needs irreducible-loss scores, and kind "
                           f"{self.name!r} computes none")

@@ -212,8 +212,9 @@ class ImageKind(DataKind):
                 "damaged_count": sum(s["damaged_count"] for s in summaries)}
 
     def irreducible_loss(self, version: DatasetVersion, selection: SelectionConfig, scores_root: str,
-                         device: str) -> dict[str, Any]:
-        """The IL scores a method that needs them selects with (``stages/select/il_carry``)."""
+                         device: str, parts: Any = None) -> dict[str, Any]:
+        """The IL scores a method that needs them selects with (``stages/select/il_carry``);
+        the scoring pass in ``parts`` (the engine's) when given."""
         from sluice.stages.load import split_arrays
         from sluice.stages.select.il_carry import describe, il_scores_for_version
         with open_artifact(version.root) as art:
@@ -222,7 +223,7 @@ class ImageKind(DataKind):
                                      f"not {version.fingerprint[:16]}")
             # the IL model never trains on removed samples (live_only for the holdout)
             s = il_scores_for_version(selection.il, art, lambda split, live: split_arrays(art, split, live_only=live),
-                                      scores_root, device=device)
+                                      scores_root, device=device, parts=parts)
         return {"path": s.path, "describe": describe(s),
                 **{k: v for k, v in s.extra.items() if isinstance(v, (int, float, bool, str))}}
 

@@ -26,9 +26,11 @@ import numpy as np
 import torch
 
 from sluice.errors import ScoresError, SelectionError
+from sluice.stages.data.engine import Parts
 from sluice.stages.select.config import ILModelConfig
-from sluice.stages.select.il_model import (IL_KIND, check_inputs, fit_and_score, irreducible_loss_scores,
+from sluice.stages.select.il_model import (IL_KIND, Scorer, check_inputs, fit_and_score, irreducible_loss_scores,
                                            resolved_config, score_key, score_with, to_float_images)
+from sluice.stages.select.il_parts import scorer
 from sluice.stages.select.il_store import ILModelRecord, StoredIL, load_il, model_bytes, save_il
 from sluice.storage.artifact import DatasetArtifact
 from sluice.storage.ancestry import ancestry
@@ -42,10 +44,12 @@ LOOKBACK = 64  # ancestors searched for stored scores, nearest first (each is on
 
 
 def il_scores_for_version(config: ILModelConfig, art: DatasetArtifact, arrays: Arrays, scores_root: str, *,
-                          split: str = "train", device: str | torch.device = "cpu") -> Scores:
+                          split: str = "train", device: str | torch.device = "cpu",
+                          parts: Parts | None = None) -> Scores:
     """IL scores of every ``split`` sample of the version ``art``, aligned to its index: stored
     ones when this version has them, else carried from the nearest ancestor's and completed
-    with its model, else computed afresh (model and ids stored beside them for the next version)."""
+    with its model, else computed afresh (model and ids stored beside them for the next version).
+    ``parts``: where the scoring pass runs (the engine's: ``il_parts``), else here."""
     hold_all, train_ids = split_ids(art, "holdout"), split_ids(art, split)
     hold_live = art.live("holdout")
     hold_labels, train_labels = art.labels("holdout")[hold_live], art.labels(split)
@@ -65,7 +69,8 @@ def il_scores_for_version(config: ILModelConfig, art: DatasetArtifact, arrays: A
         return _with(s, reused_from=None, reused_samples=0, scored=len(ty),
                      retrained="this version has no content sums (written by an older Sluice)")
     holdout = hold_all.take(hold_live)
-    target = _Target(cfg, art, arrays, scores_root, split, key, train_ids, device)
+    score = scorer(parts, cfg, num_classes) if parts is not None else None
+    target = _Target(cfg, art, arrays, scores_root, split, key, train_ids, device, score)
     stored, why = _nearest(scores_root, art, split, key)
     if stored is not None:
         why = _refusal(stored, holdout, cfg.refresh_growth, _channels(art))
@@ -85,6 +90,7 @@ class _Target:
     key: dict
     ids: SampleIds  # every sample of the split, aligned to its index
     device: str | torch.device
+    score: Scorer | None = None  # where the scoring pass runs (None: here)
 
     def save(self, values: np.ndarray, valid: np.ndarray, extra: dict, il: ILModelRecord) -> Scores:
         """Store the scores with the model that made them (and the ids they cover)."""
@@ -148,7 +154,7 @@ def _carry(t: _Target, stored: StoredIL) -> Scores:
     if todo.size:
         tx, ty = t.arrays(t.split, False)
         vals, acc = score_with(stored.model(t.cfg, t.device), t.cfg, tx[todo], ty[todo], stored.num_classes,
-                               t.split, t.device)
+                               t.split, t.device, t.score)
         values[todo], valid[todo] = vals, True
     old = stored.scores.extra
     extra = {"train_seconds": 0.0, "score_seconds": round(time.perf_counter() - t0, 3),
@@ -167,7 +173,7 @@ def _full(t: _Target, holdout: SampleIds, num_classes: int, why: str | None) -> 
     if len(hy) != len(holdout) or len(ty) != len(t.ids):
         raise SelectionError(f"the loader gave {len(hy)} holdout and {len(ty)} {t.split} samples; the "
                              f"artifact has {len(holdout)} live holdout and {len(t.ids)} {t.split} samples")
-    values, extra, model = fit_and_score(t.cfg, hx, hy, tx, ty, num_classes, t.split, t.device)
+    values, extra, model = fit_and_score(t.cfg, hx, hy, tx, ty, num_classes, t.split, t.device, t.score)
     il = ILModelRecord(weights=model_bytes(model), in_channels=int(to_float_images(hx[:1], t.cfg).shape[1]),
                        num_classes=num_classes, trained_on=t.art.fingerprint, holdout=holdout)
     extra = {**extra, "reused_from": None, "reused_samples": 0, "scored": int(len(ty)), "retrained": why}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -118,9 +119,16 @@ def per_sample_loss(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     return _score(model, images, labels, batch_size, device, config)[0]
 
 
-@torch.no_grad()
 def _score(model, images, labels, batch_size, device, config) -> tuple[np.ndarray, float]:
     """Per-sample cross-entropy and the accuracy, from one pass."""
+    values, hits = score_hits(model, images, labels, batch_size, device, config)
+    return values, round(hits / max(1, len(images)), 4)
+
+
+@torch.no_grad()
+def score_hits(model, images, labels, batch_size, device, config) -> tuple[np.ndarray, int]:
+    """Per-sample cross-entropy and how many the model got right, batch after batch (a part of
+    the scoring pass run anywhere: ``il_parts``)."""
     model.eval()
     config = config or ILModelConfig(amp="none")
     out, hits = [], 0
@@ -130,7 +138,8 @@ def _score(model, images, labels, batch_size, device, config) -> tuple[np.ndarra
         y = labels[s:s + batch_size].to(device)
         out.append(F.cross_entropy(logits, y, reduction="none").cpu())
         hits += int((logits.argmax(1) == y).sum())
-    return torch.cat(out).numpy().astype(np.float32), round(hits / max(1, len(images)), 4)
+    values = torch.cat(out).numpy().astype(np.float32) if out else np.zeros(0, np.float32)
+    return values, hits
 
 
 def compute_irreducible_loss(config: ILModelConfig, holdout_images: np.ndarray | torch.Tensor,
@@ -196,11 +205,15 @@ def check_inputs(holdout_images, holdout_labels, train_images, train_labels, spl
     return num_classes
 
 
+Scorer = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[np.ndarray, float]]
+
+
 def fit_and_score(config: ILModelConfig, holdout_images, holdout_labels, train_images, train_labels,
-                  num_classes: int, split: str = "train", device: str | torch.device = "cpu"
-                  ) -> tuple[np.ndarray, dict, torch.nn.Module]:
+                  num_classes: int, split: str = "train", device: str | torch.device = "cpu",
+                  score: Scorer | None = None) -> tuple[np.ndarray, dict, torch.nn.Module]:
     """Train the IL model on the holdout and score every ``split`` sample: the values, the cost
-    and sanity figures (``extra``), and the model (``config`` resolved)."""
+    and sanity figures (``extra``), and the model (``config`` resolved). ``score(model, images,
+    labels)``: where the scoring pass runs (``il_parts.scorer``: on the engine), else here."""
     hx = to_float_images(holdout_images, config)
     hy = _check_labels(holdout_labels, len(holdout_labels), num_classes, "holdout")
     tx = to_float_images(train_images, config)
@@ -208,7 +221,8 @@ def fit_and_score(config: ILModelConfig, holdout_images, holdout_labels, train_i
     t0 = time.perf_counter()
     model = train_il_model(config, hx, hy, num_classes, device)
     t1 = time.perf_counter()
-    values, scored_acc = _score(model, tx, ty, config.score_batch_size, device, config)
+    values, scored_acc = score(model, tx, ty) if score is not None else \
+        _score(model, tx, ty, config.score_batch_size, device, config)
     t2 = time.perf_counter()
     # holdout_accuracy is on the IL model's own training data (a sanity figure, and what
     # label_noise="auto" reads); scored_accuracy is on the split it scores, which it never saw.
@@ -219,11 +233,12 @@ def fit_and_score(config: ILModelConfig, holdout_images, holdout_labels, train_i
 
 
 def score_with(model: torch.nn.Module, config: ILModelConfig, images, labels, num_classes: int,
-               split: str = "train", device: str | torch.device = "cpu") -> tuple[np.ndarray, float]:
+               split: str = "train", device: str | torch.device = "cpu",
+               score: Scorer | None = None) -> tuple[np.ndarray, float]:
     """A trained IL model's loss on each of ``images`` (and its accuracy on them)."""
     x = to_float_images(images, config)
     y = _check_labels(labels, len(labels), num_classes, split)
-    return _score(model, x, y, config.score_batch_size, device, config)
+    return score(model, x, y) if score is not None else _score(model, x, y, config.score_batch_size, device, config)
 
 
 @torch.no_grad()
