@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sys
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ from sluice.errors import ConfigError, ShardError, SluiceError
 from sluice.stages.data.engine import LocalParts, Parts
 from sluice.stages.data.text.config import TextShardConfig
 from sluice.stages.data.text.parts import chunks, encode_part, remember
+from sluice.stages.data.text.resume import PARTS_DIR, KeptParts, clear_except_parts, drop_parts
 from sluice.stages.data.text.scan import (QUARANTINE, ScannedDoc, deduplicate, new_deduplicator, progress_bar,
                                           scan, texts)
 from sluice.stages.data.text.sources import TextSource, open_text_source
@@ -59,6 +59,7 @@ class TextShardSummary:
     manifest: TokenManifest
     reused: bool
     seconds: float
+    resumed: str = ""  # what an interrupted run's finished parts saved ('' when none were reused)
 
     def info(self) -> dict[str, Any]:
         m = self.manifest
@@ -89,6 +90,8 @@ class TextShardSummary:
                          f"{d.written_bytes / 1e6:.1f} MB written, {d.reused_bytes / 1e6:.1f} MB of shards reused")
         if m.parent_refused:
             lines.append(f"  written whole: {m.parent_refused}")
+        if self.resumed:
+            lines.append(f"  {self.resumed}")
         lines.append(f"  {'up to date (nothing rewritten)' if self.reused else 'written'} in {self.seconds:.1f} s")
         return "\n".join(lines)
 
@@ -151,13 +154,13 @@ def shard_text(config: TextShardConfig | None, source: str | os.PathLike, out: s
                 return done
             work = out / version
             try:
-                manifest = _write(src, cfg, work, whole, fp, parent, refused, parts)
+                manifest, resumed = _write(src, cfg, work, whole, fp, parent, refused, parts)
             except OSError as e:
                 if isinstance(e, SluiceError):
                     raise
                 raise ShardError(f"writing the token artifact under {work} failed: {e}") from e
         atomic.write_bytes(out / LATEST, (version + "\n").encode())
-    return TextShardSummary(str(out / version), manifest, False, time.perf_counter() - t0)
+    return TextShardSummary(str(out / version), manifest, False, time.perf_counter() - t0, resumed)
 
 
 def _finished(out: Path, version: str, t0: float) -> TextShardSummary | None:
@@ -215,18 +218,22 @@ def _tokenizer(src: TextSource, cfg: TextShardConfig, kept: list[ScannedDoc], pa
 
 
 def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: str,
-           parent: _Parent | None, refused: str | None, parts: Parts | None = None) -> TokenManifest:
-    if work.exists():  # a killed run: start over (its files are temp names or are rewritten whole)
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+           parent: _Parent | None, refused: str | None, parts: Parts | None = None) -> tuple[TokenManifest, str]:
+    # a killed run: start over, but for the signature and token parts it finished (text/resume.py)
+    clear_except_parts(work)
+    work.mkdir(parents=True, exist_ok=True)
+    kept_parts = KeptParts(parts, work / PARTS_DIR)
     dedup = new_deduplicator(cfg)
-    found = scan(src, cfg, dedup, work, parts)
+    found = scan(src, cfg, dedup, work, kept_parts)
     first = [k for s in TOKEN_SPLITS if s in parent.splits for k in parent.splits[s].keys] if parent else []
     kept, dropped = deduplicate(found, first, dedup, cfg.dedup, parts)
     tok = _tokenizer(src, cfg, kept, parent)
     atomic.write_bytes(work / TOKENIZER_NAME, tok.to_json())
     dtype = "uint16" if tok.vocab_size <= 65535 else "uint32"
-    splits, delta = _write_splits(src, cfg, work, kept, tok, np.dtype(dtype), parent, parts)
+    splits, delta = _write_splits(src, cfg, work, kept, tok, np.dtype(dtype), parent, kept_parts)
+    drop_parts(work)
+    if kept_parts.said():
+        print(f"sluice shard: {kept_parts.said()}", file=sys.stderr, flush=True)
     qfiles = sorted((work / QUARANTINE).glob("*")) if (work / QUARANTINE).exists() else []
     files = [file_record(work, p) for p in qfiles]
     tok_rec = TokenizerRecord(kind=tok.kind, file=file_record(work, work / TOKENIZER_NAME), vocab_size=tok.vocab_size,
@@ -247,7 +254,7 @@ def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: s
         ancestors=([parent.manifest.fingerprint, *parent.manifest.ancestors][:MAX_ANCESTORS] if parent else []),
         delta=delta, parent_refused=refused)
     write_token_manifest(work, manifest)
-    return manifest
+    return manifest, kept_parts.said()
 
 
 def _write_splits(src: TextSource, cfg: TextShardConfig, work: Path, kept: list[ScannedDoc], tok: TextTokenizer,
