@@ -96,12 +96,14 @@ def text_corpus(mb: int) -> Path:
 # ------------------------------------------------------------------ arms
 
 def timed_parts(parts: Any) -> Any:
-    """The engine's parts with the shard map timed (``seconds``, ``count``): what the model
-    splits a run into. The scan's parts run as they do untimed."""
+    """The engine's parts with the shard map (``seconds``, ``count``) and the scan's parts
+    (``scan_seconds``, ``scan_count``: from the first part sent to the last result taken) timed:
+    what the model splits a run into."""
     from sluice.stages.data.engine import RayParts
 
     class TimedParts(RayParts):
         seconds, count = 0.0, 0
+        scan_seconds, scan_count = 0.0, 0
 
         def all(self, fn, items, what):
             t = time.perf_counter()
@@ -109,6 +111,13 @@ def timed_parts(parts: Any) -> Any:
             self.seconds += time.perf_counter() - t
             self.count += len(items)
             return out
+
+        def ordered(self, fn, items, window=None, gpus=0):
+            t = time.perf_counter()
+            for r in super().ordered(fn, items, window, gpus):
+                self.scan_count += 1
+                yield r
+            self.scan_seconds += time.perf_counter() - t
     timed = TimedParts(parts.ray, parts.cfg, parts.log)
     timed._remote = parts._remote
     return timed
@@ -125,7 +134,8 @@ def sluice_images(folder: Path, out: Path, workers: int, parts: Any = None) -> d
     s = shard_dataset(ingest, out, cfg, map_shards=timed)
     seconds = time.perf_counter() - t
     return {"seconds": seconds, "samples": sum(s.manifest.counts().values()), "parts": s.shards_written,
-            "map_s": timed.seconds if timed else None, "formats": list(s.manifest.formats),
+            "map_s": timed.seconds if timed else None, "scan_s": timed.scan_seconds if timed else None,
+            "scan_parts": timed.scan_count if timed else None, "formats": list(s.manifest.formats),
             "bytes": s.manifest.total_bytes()}
 
 
@@ -304,27 +314,35 @@ def summarise(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """``T(n) = F + ceil(P / n) * c`` from the 1-node runs (median), checked against 2 nodes."""
+    """``T(n) = F + ceil(S / n) * s + ceil(P / n) * c`` from the 1-node runs (median), checked
+    against 2 nodes: F the head's own work (listing and fingerprinting the source, planning,
+    waiting for the .beton, the merge and the manifest), S scan parts of s seconds and P shard
+    parts of c seconds, both spread over the nodes."""
     one, two = runs.get("ray-1"), runs.get("ray-2")
     if not one or not two:
         return None
-    parts = one[0]["parts"]
-    f = _med([r["seconds"] - r["map_s"] for r in one])
+    parts, scans = one[0]["parts"], one[0].get("scan_parts") or 0
+    scan_s = [r.get("scan_s") or 0.0 for r in one]
+    f = _med([r["seconds"] - r["map_s"] - sc for r, sc in zip(one, scan_s)])
     c = _med([r["map_s"] / r["parts"] for r in one])
-    t1 = f + parts * c
+    s = _med([sc / scans for sc in scan_s]) if scans else 0.0
 
     def t(n: int) -> float:
-        return f + math.ceil(parts / n) * c
+        return f + math.ceil(scans / n) * s + math.ceil(parts / n) * c
+    t1 = t(1)
     measured2 = _med([r["seconds"] for r in two])
-    out = {"parts": parts, "fixed_s": f, "per_part_s": c, "t1_s": t1,
+    out = {"parts": parts, "scan_parts": scans, "fixed_s": f, "per_part_s": c, "per_scan_part_s": s, "t1_s": t1,
            "check_2_nodes": {"predicted_s": t(2), "measured_s": measured2, "error": t(2) / measured2 - 1},
            "fixed_share_1": f / t1, "nodes": {}}
     for n in (1, 2, 8, 32, 128):
         out["nodes"][str(n)] = {"seconds": t(n), "efficiency": t1 / (n * t(n)),
                                 "fixed_share": f / t(n), "parts_per_node": math.ceil(parts / n)}
-    first = "the work outside the shard map (F: the source's listing and fingerprint, the scan, the .beton and " \
-        "the manifest; the scan's share runs on the nodes too, so this overstates it)" \
-        if f > c * math.ceil(parts / 32) else f"too few parts ({parts}) for 32 nodes"
+    spread32 = math.ceil(scans / 32) * s + math.ceil(parts / 32) * c
+    if f > spread32:
+        first = ("the head's own work (F: listing and fingerprinting the source, planning, waiting for the .beton, "
+                 "the merge and the manifest)")
+    else:
+        first = f"too few parts ({scans} scan, {parts} shard) for 32 nodes"
     out["breaks_first"] = first
     return out
 
@@ -356,12 +374,14 @@ def results_section(d: dict[str, Any], name: str = "scale_out.json") -> list[str
     mdl = s.get("model")
     if mdl:
         chk = mdl["check_2_nodes"]
-        lines += ["", f"The model, from the 1-node runs: F = {mdl['fixed_s']:.1f} s on the head, "
-                  f"c = {mdl['per_part_s']:.2f} s a part, P = {mdl['parts']} parts; it predicts "
+        scan = f"s = {mdl['per_scan_part_s']:.2f} s a scan part, S = {mdl['scan_parts']} scan parts, " \
+            if mdl.get("scan_parts") else ""
+        lines += ["", f"The model, from the 1-node runs: F = {mdl['fixed_s']:.1f} s on the head, {scan}"
+                  f"c = {mdl['per_part_s']:.2f} s a shard part, P = {mdl['parts']} shard parts; it predicts "
                   f"{chk['predicted_s']:.1f} s at 2 nodes, measured {chk['measured_s']:.1f} s "
                   f"({chk['error']:+.0%}).", "", "| nodes | predicted s | efficiency | head's share |",
                   "|---|---|---|---|"]
-        for n, x in mdl["nodes"].items():
+        for n, x in sorted(mdl["nodes"].items(), key=lambda kv: int(kv[0])):
             lines.append(f"| {n} | {x['seconds']:.1f} | {x['efficiency']:.2f} | {x['fixed_share']:.0%} |")
         lines += ["", f"What breaks it first: {mdl['breaks_first']}."]
     if d.get("skipped"):

@@ -58,6 +58,14 @@ report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
 report["pool"] = sums(shard_dataset(ing, out / "pool", cfg.model_copy(update={"workers": 2})))
 report["one_process"] = sums(shard_dataset(ing, out / "one", cfg.model_copy(update={"workers": 1})))
 
+# the source grown: a version written on top of the newest one, its new shards on the cluster and here
+grown = ing.model_copy(update={"limit": limit + 300})
+grown_ray = shard_dataset(grown, out / "ray", cfg, map_shards=run)
+grown_pool = shard_dataset(grown, out / "pool", cfg.model_copy(update={"workers": 2}))
+report["grown"] = {"ray": sums(grown_ray), "pool": sums(grown_pool), "parent": grown_ray.manifest.parent,
+                   "written": grown_ray.shards_written, "first": Path(on_ray.root).name,
+                   "shards": sum(len(x.shards) for x in grown_ray.manifest.splits.values())}
+
 # a worker node removed while the shard map runs: its parts run again on the node that is left
 started, removed_during = threading.Event(), {}
 

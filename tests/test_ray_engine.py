@@ -58,6 +58,14 @@ def test_the_shard_map_on_ray_writes_the_same_bytes_as_the_pool_and_one_process(
     assert cluster_run["ray"] == cluster_run["pool"] == cluster_run["one_process"]
 
 
+def test_a_grown_source_gets_the_same_incremental_version_on_ray(cluster_run):
+    """A grown source's version on top of the newest one: only its new shards written, on the
+    cluster, and the same bytes as the pool's version on top of the pool's."""
+    g = cluster_run["grown"]
+    assert g["parent"] == g["first"] and 0 < g["written"] < g["shards"] / 2, g
+    assert g["ray"] == g["pool"]
+
+
 def test_a_worker_node_lost_mid_stage_costs_only_time(cluster_run):
     assert cluster_run["removed_mid_stage"] and cluster_run["nodes_after"] == 2
     assert cluster_run["node_lost"] == cluster_run["pool"]
