@@ -113,11 +113,12 @@ def timed_parts(parts: Any) -> Any:
             return out
 
         def ordered(self, fn, items, window=None, gpus=0):
-            t = time.perf_counter()
+            t, before = time.perf_counter(), self.scan_seconds
             for r in super().ordered(fn, items, window, gpus):
                 self.scan_count += 1
+                # at each result: the scan's consumer (a zip) stops right after its last one
+                self.scan_seconds = before + time.perf_counter() - t
                 yield r
-            self.scan_seconds += time.perf_counter() - t
     timed = TimedParts(parts.ray, parts.cfg, parts.log)
     timed._remote = parts._remote
     return timed
