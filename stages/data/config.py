@@ -132,7 +132,8 @@ class ShardConfig(BaseModel):
         fingerprints. Take it of a resolved config (``for_source``): ``auto`` means nothing on
         its own."""
         later = {k for k, v in _LATER_DEFAULTS.items() if getattr(self, k) == v}
-        return hash_obj(self.model_dump(exclude={"workers", "progress", "max_bad_fraction", "incremental", "merge_wait_s"} | later))
+        how = {"workers", "progress", "max_bad_fraction", "incremental", "merge_wait_s"}  # how, not what, is written
+        return hash_obj(self.model_dump(exclude=how | later))
 
 
 def auto_encoding(formats: dict[str, int]) -> Encoding:

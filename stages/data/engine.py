@@ -71,6 +71,10 @@ class LocalParts:
         """``fn(part)`` for each part, in order."""
         return map(fn, parts)
 
+    def has_gpus(self) -> bool:
+        """Parts here run on the stage's own device; none asks for a GPU."""
+        return False
+
 
 class RayParts:
     """A stage's parts as Ray tasks on a cluster: ``all`` (every part at once: the image shard

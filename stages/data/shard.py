@@ -224,9 +224,10 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
             parent, identity = None, replace(identity, parent=None, ancestors=[], refused=refused)
         inc = plan_increment(parent, found)
         tasks = _shard_tasks(encoder, inc, work) if "webdataset" in cfg.formats else []
+        plans = {t.tar: shard_plan(encoder, t) for t in tasks}  # what each part's record must say
         ffcv = FfcvWriter(work, inc.new, encoder, found.shape, {s: b.count for s, b in inc.bases.items()},
                           page_bytes=_largest_samples(inc, cfg, found.shape), shards=tasks,
-                          wait=_recorded(encoder))
+                          wait=_recorded(plans))
         ffcv.start(background=bool(tasks) and (workers > 1 or map_shards is not None))  # parts run elsewhere
         try:
             if map_shards is not None and tasks:
@@ -241,7 +242,7 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
                     for r in map_forked(write_tar_shard, encoder, tasks, workers):
                         said.append(r)
                         advance(r.count)
-            results = _merge(encoder, tasks, said, work)
+            results = _merge(tasks, plans, said, work, cfg.merge_wait_s)
         except BaseException:
             ffcv.abort()  # nothing may go on writing once the stage has failed
             raise
@@ -255,15 +256,16 @@ def _write(src: Source, ingest: IngestConfig, cfg: ShardConfig, work: Path, map_
         raise ShardError(f"writing the artifact under {work} failed: {e}") from e
 
 
-def _merge(encoder: SampleEncoder, tasks: list[ShardTask], said: list[ShardWritten], work: Path) -> list[ShardWritten]:
+def _merge(tasks: list[ShardTask], plans: dict[str, str], said: list[ShardWritten], work: Path,
+           wait_s: float) -> list[ShardWritten]:
     """The strict merge: every planned shard's completion record read back from storage
     (``storage/part_records.py``), not what the engine handed back, so a part that is missing,
     partial or written for another plan is refused by name (a missing one after
-    ``merge_wait_s``), wherever the parts ran. What the engine said is only whether a part was
+    ``wait_s``), wherever the parts ran. What the engine said is only whether a part was
     reused; a part that says other bytes than its record is foreign too."""
     if len(said) != len(tasks):
         raise ShardError(f"the shard map returned {len(said)} results for {len(tasks)} planned shards")
-    records = part_records.merge([(t.tar, shard_plan(encoder, t)) for t in tasks], encoder.config.merge_wait_s,
+    records = part_records.merge([(t.tar, plans[t.tar]) for t in tasks], wait_s,
                                  name=lambda p: p.relative_to(work).as_posix())
     out = []
     for t, rec, r in zip(tasks, records, said):
@@ -276,12 +278,11 @@ def _merge(encoder: SampleEncoder, tasks: list[ShardTask], said: list[ShardWritt
     return out
 
 
-def _recorded(encoder: SampleEncoder) -> Callable[[ShardTask], None]:
+def _recorded(plans: dict[str, str]) -> Callable[[ShardTask], None]:
     """Wait until a shard part's completion record is there for its plan (the .beton writer takes
     its images from the shard; the stage kills the writer if the parts fail)."""
     def wait(task: ShardTask) -> None:
-        plan = shard_plan(encoder, task)
-        while part_records.reusable(task.tar, plan) is None:
+        while part_records.reusable(task.tar, plans[task.tar]) is None:
             time.sleep(0.05)
     return wait
 

@@ -6,18 +6,14 @@ one a single process scores; the model travels as its weights (``torch.save`` te
 from __future__ import annotations
 
 import hashlib
-import io
-from typing import Any
 
 import numpy as np
 import torch
 
 from sluice.stages.data.engine import Parts, kept
-from sluice.stages.models import build_model
-from sluice.stages.pixels import channels_last
 from sluice.stages.select.config import ILModelConfig
 from sluice.stages.select.il_model import Scorer, score_hits
-from sluice.stages.select.il_store import model_bytes
+from sluice.stages.select.il_store import model_bytes, rebuild_model
 
 PART_BATCHES = 16  # scoring batches a part, at most
 
@@ -29,11 +25,8 @@ def score_part(part: tuple[bytes, str, int, int, torch.Tensor, torch.Tensor]) ->
     cfg = ILModelConfig.model_validate_json(config_json)
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    def make() -> torch.nn.Module:
-        m = build_model(cfg.architecture, in_channels=in_channels, num_classes=num_classes, **cfg.model_kwargs)
-        m.load_state_dict(torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True))
-        return channels_last(m.to(device)).eval()
-    model = kept("il-model", (hashlib.sha256(weights).hexdigest(), config_json, device), make)
+    model = kept("il-model", (hashlib.sha256(weights).hexdigest(), config_json, device),
+                 lambda: rebuild_model(cfg, in_channels, num_classes, weights, device))
     return score_hits(model, images, labels, cfg.score_batch_size, device, cfg)
 
 
@@ -47,15 +40,10 @@ def scorer(parts: Parts, config: ILModelConfig, num_classes: int) -> Scorer:
         todo = ((weights, config.model_dump_json(), in_channels, num_classes, images[s:s + per], labels[s:s + per])
                 for s in range(0, len(images), per))
         values, hits = [], 0
-        for v, h in parts.ordered(score_part, todo, **_gpus(parts)):
+        for v, h in parts.ordered(score_part, todo, gpus=1 if parts.has_gpus() else 0):
             values.append(v)
             hits += h
         out = np.concatenate(values) if values else np.zeros(0, np.float32)
         return out, round(hits / max(1, len(images)), 4)
     return score
 
-
-def _gpus(parts: Any) -> dict[str, Any]:
-    """A GPU a part where the cluster has any (the engine's ``gpus``), else none asked for."""
-    has = getattr(parts, "has_gpus", None)
-    return {"gpus": 1} if has is not None and has() else {}

@@ -48,10 +48,15 @@ class ILModelRecord:
 
     def model(self, config: ILModelConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
         """The IL model, rebuilt and loaded, in eval mode."""
-        m = build_model(config.architecture, in_channels=self.in_channels, num_classes=self.num_classes,
-                        **config.model_kwargs)
-        m.load_state_dict(_state(self.weights))
-        return channels_last(m.to(device)).eval()
+        return rebuild_model(config, self.in_channels, self.num_classes, self.weights, device)
+
+
+def rebuild_model(config: ILModelConfig, in_channels: int, num_classes: int, weights: bytes,
+                  device: str | torch.device = "cpu") -> torch.nn.Module:
+    """An IL model built from ``config`` and loaded from its ``model_bytes``, in eval mode."""
+    m = build_model(config.architecture, in_channels=in_channels, num_classes=num_classes, **config.model_kwargs)
+    m.load_state_dict(_state(weights))
+    return channels_last(m.to(device)).eval()
 
 
 @dataclass(frozen=True)

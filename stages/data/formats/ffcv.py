@@ -128,7 +128,7 @@ def _write_ffcv(path: Path, items: list[PlannedSample], encoder: SampleEncoder, 
     with atomic.atomic_path(path) as tmp:
         with open(tmp, "w+b") as fp:
             jpeg = isinstance(fields["image"], beton.RGBImageField) and fields["image"].mode == "jpg"
-            samples = _from_tars(shards, encoder, first_index, jpeg, wait) if shards is not None and wait \
+            samples = _from_tars(shards, encoder, first_index, jpeg, wait) if shards is not None and wait is not None \
                 else _samples(items, encoder, first_index, jpeg)
             sums = beton.write_beton(fp, fields, samples, len(items), page, checksum="image")
         # the checksums land just before the .beton, so a finished .beton always has them
@@ -172,6 +172,12 @@ class FfcvWriter:
         return [s for s, items in self.good.items()
                 if items and not (self.path(s).exists() and (self.work / s / SUMS).exists())]
 
+    def _shards_of(self, split: str) -> list[ShardTask] | None:
+        """The split's tar shards in order, to take its images from; None: decode them again."""
+        if self.shards is None:
+            return None
+        return sorted(self.shards.get(split, []), key=lambda t: t.shard)
+
     def _child(self, parent: int, conn) -> None:
         die_with_parent(parent)
         forget_parent_threads()  # a clean exit stays exit code 0
@@ -180,9 +186,7 @@ class FfcvWriter:
             for split in self.todo():
                 (self.work / split).mkdir(parents=True, exist_ok=True)
                 _write_ffcv(self.path(split), self.good[split], self.encoder, self.shape, self.first.get(split, 0),
-                            self.page_bytes.get(split),
-                            sorted(self.shards.get(split, []), key=lambda t: t.shard) if self.shards is not None
-                            else None, self.wait)
+                            self.page_bytes.get(split), self._shards_of(split), self.wait)
         except BaseException as e:  # noqa: BLE001 - reported to the parent through the pipe
             with contextlib.suppress(Exception):
                 conn.send(str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}")

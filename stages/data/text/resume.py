@@ -33,8 +33,7 @@ class KeptParts:
         self.reused = 0
         self.ran = 0
 
-    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None,
-                gpus: float = 0) -> Iterator[Any]:
+    def ordered(self, fn: Callable[[Any], Any], parts: Iterable[Any], window: int | None = None) -> Iterator[Any]:
         """``fn(part)`` for each part, in order: stored results where there are any, the inner
         engine's for the rest (which it runs as it would, with ``window`` in flight)."""
         slots: deque = deque()  # per part, in order: ("kept", result) or ("todo", plan)
@@ -124,7 +123,7 @@ class KeptParts:
         with atomic.atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
-        part_records.finish(path, plan, {"parts": 1}, [path])
+        part_records.finish(path, plan, {}, [path])  # the result is the .npz itself
 
     def said(self) -> str:
         """What the resume saved, for the summary ('' when nothing was reused)."""

@@ -231,9 +231,7 @@ def _write(src: TextSource, cfg: TextShardConfig, work: Path, inputs: str, fp: s
     atomic.write_bytes(work / TOKENIZER_NAME, tok.to_json())
     dtype = "uint16" if tok.vocab_size <= 65535 else "uint32"
     splits, delta = _write_splits(src, cfg, work, kept, tok, np.dtype(dtype), parent, kept_parts)
-    drop_parts(work)
-    if kept_parts.said():
-        print(f"sluice shard: {kept_parts.said()}", file=sys.stderr, flush=True)
+    drop_parts(work)  # the summary says what they saved (``resumed``)
     qfiles = sorted((work / QUARANTINE).glob("*")) if (work / QUARANTINE).exists() else []
     files = [file_record(work, p) for p in qfiles]
     tok_rec = TokenizerRecord(kind=tok.kind, file=file_record(work, work / TOKENIZER_NAME), vocab_size=tok.vocab_size,
