@@ -19,7 +19,7 @@ bench: setup
 	@$(PY) -m pip install -q -e '.[bench]'
 	@# LitData, the scale-out benchmark's peer, without its dependencies (they would pull a CUDA torch and torchvision)
 	@$(PY) -m pip install -q --no-deps litdata==0.2.76 lightning-utilities tifffile obstore
-	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout shard_order nightly_growth nightly_warm_sweep text_growth photos scale_out; do $(PY) -m benchmarks.$$b --quick || exit 1; done
+	@for b in shard loader selection compression pipeline time_to_accuracy demo tiny_budget host_layout shard_order nightly_growth nightly_warm_sweep text_growth photos scale_out train_ray; do $(PY) -m benchmarks.$$b --quick || exit 1; done
 
 # GPU check (docs/benchmarks.md, "The GPU check"): build the wheelhouse (Sluice, Prefect and what else a CUDA image
 # lacks, Fashion-MNIST; at most 64 MiB) where PyPI is reachable, carry it to the GPU machine, run `make gpu-check`

@@ -54,6 +54,7 @@ from benchmarks.time_to_accuracy import results_section as time_to_accuracy
 from benchmarks.tiny_budget import results_section as tiny_budget
 from benchmarks.token_selection import results_section as token_selection
 from benchmarks.tokens_report import results_section as tokens
+from benchmarks.train_ray import results_section as train_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
@@ -124,6 +125,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
     ("shard_order.json", shard_order),
     ("scale_out.json", scale_out), ("scale_out_quick.json", lambda d: scale_out(d, "scale_out_quick.json")),
+    ("train_ray.json", train_ray), ("train_ray_quick.json", lambda d: train_ray(d, "train_ray_quick.json")),
 ]
 
 # results files written once per host class: <stem>-<class>.json

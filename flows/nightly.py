@@ -110,12 +110,18 @@ def train_task(c: PipelineConfig, version: DatasetVersion, il: dict[str, Any] | 
     """Where the weights start (the champion's, warm, or scratch), the job assembled once and
     checked on one batch (the ``preflight`` task, run inside this one so it checks the very job
     the ranks get), then ``nproc`` ranks on this machine (one in this process, several under
-    torchrun) or on each of ``launch.nodes``; a retry, only after a crash or a lost rank
-    (``flows/retry.py``), resumes from the run's last checkpoint."""
+    torchrun), on each of ``launch.nodes``, or on the Ray cluster's nodes (``launch.engine: ray``);
+    a retry, only after a crash or a lost rank (``flows/retry.py``), resumes from the run's last
+    checkpoint."""
     from sluice.stages.run.training import run_training
     from sluice.stages.run.warm import plan_start
     il_path = il["path"] if il else None
-    _log(f"placement: {c.resolved_for_host()}")
+    on_ray = c.launch.engine == "ray"
+    if on_ray:
+        _log(f"placement: the nodes of the Ray cluster at {c.engine.address or 'a Ray instance started here'}, "
+             f"{c.nproc} rank(s) per node (auto: one per GPU, else per launch.ray.cpus_per_rank CPUs)")
+    else:
+        _log(f"placement: {c.resolved_for_host()}")
     start = plan_start(c.warm, c.kind(), version, c.train, c.selection.method, c.registry_dir(), il_path, run_dir)
     # verified=True: verify_task checked every sample's checksum before this task
     for line in c.kind().explain(c.train, version):
@@ -125,7 +131,9 @@ def train_task(c: PipelineConfig, version: DatasetVersion, il: dict[str, Any] | 
     # the task's own logger, bound here: the progress watcher logs from its own thread, where
     # get_run_logger() finds no run context
     log = get_run_logger().info
-    return {**run_training(job, start, run_dir, c.launch, nproc=c.ranks(), timeout_s=c.train_timeout_s, log=log),
+    nproc = (c.nproc if isinstance(c.nproc, int) else None) if on_ray else c.ranks()
+    return {**run_training(job, start, run_dir, c.launch, nproc=nproc, timeout_s=c.train_timeout_s, log=log,
+                           engine=c.engine),
             "preflight": fits}
 
 

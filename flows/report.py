@@ -151,6 +151,7 @@ def markdown_summary(s: dict[str, Any]) -> str:
               f"- **{t.get('steps', 0)} steps** on {t.get('world_size', 1)} ranks "
               f"(stopped by {t.get('stopped_by', 'n/a')}), comm `{t.get('comm', 'none')}`, amp `{t.get('amp', 'n/a')}`",
               f"- resolved for the host: {t.get('host', 'n/a')}",
+              *_launch_lines(t.get("launch")),
               f"- final evaluation on `{t.get('eval_split', 'test')}`: accuracy **{_f(t.get('final_acc'))}**, loss "
               f"{_f(last.get('loss'))}"
               + (f" ({len(evals)} evaluation{'s' if len(evals) != 1 else ''} during training)" if evals else ""),
@@ -232,6 +233,16 @@ def _promotion(p: dict[str, Any], samples: str) -> list[str]:
                      "graded" + ("; the champion, re-graded on this version, trained on none of them either"
                                   if u.get("champion_samples_checked") is not None else ""))
     return lines
+
+
+def _launch_lines(launch: dict[str, Any] | None) -> list[str]:
+    """Where a Ray-launched run trained, attempt by attempt (``stages/run/ray_nodes.py``)."""
+    if not launch:
+        return []
+    attempts = launch.get("attempts", [])
+    said = "; ".join(f"attempt {i + 1}: {a['world_size']} ranks on {len(a['nodes'])} node(s), {a['ended']}"
+                     f" after {a['seconds']:.0f} s" for i, a in enumerate(attempts))
+    return [f"- launched on a Ray cluster: {said}; {launch.get('node_losses', 0)} node(s) lost"]
 
 
 def report_markdown(summary: dict[str, Any], metrics_path: str | Path) -> str:

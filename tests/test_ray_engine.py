@@ -17,6 +17,7 @@ import pytest
 
 from conftest import ROOT
 from deploy.simcluster import netadmin_missing
+from ray_netns import run_in_loopback_namespace
 from sluice.stages.data.config import IngestConfig, ShardConfig
 from sluice.stages.data.shard import shard_dataset
 
@@ -26,25 +27,8 @@ LIMIT = 2000
 
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory):
-    pytest.importorskip("ray", reason="make setup installs ray (the 'ray' extra)")
-    why = netadmin_missing()
-    if why:
-        pytest.skip(why)
     out = tmp_path_factory.mktemp("ray")
-    ns = f"sluice-ray-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
-        r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, str(ROOT / "tests" / "ray_cluster_run.py"),
-                            str(out), str(LIMIT)], capture_output=True, text=True, timeout=540, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"),
-                                                                                          os.environ.get("PYTHONPATH")]))})
-        text = r.stdout + r.stderr
-        assert r.returncode == 0, text[-5000:]
-        report = json.loads(next(x for x in text.splitlines() if x.startswith("REPORT "))[len("REPORT "):])
-        return {**report, "out": out}
-    finally:
-        subprocess.run(["ip", "netns", "delete", ns], check=False)
+    return {**run_in_loopback_namespace("ray_cluster_run.py", [str(out), str(LIMIT)], 540), "out": out}
 
 
 def test_the_cluster_is_three_nodes_on_loopback(cluster_run):

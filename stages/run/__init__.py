@@ -2,7 +2,8 @@
 for every kind of data (what differs by kind is the kind's: ``stages/kinds``): where tonight's
 weights start (``warm``, ``replay``), the job assembled once from the stage configs
 (``assemble``), the ranks launched here, in-process or under torchrun (``launch``,
-``rendezvous``), or across nodes (``nodes``), progress watched (``training.run_training``: the
+``rendezvous``), across listed nodes (``nodes``) or a Ray cluster's nodes (``ray_nodes``, each node's
+torchrun run by a ``node_agent``), progress watched (``training.run_training``: the
 one call a flow makes), and the candidate graded and promoted (``grading``, ``promote``). What a
 rank runs is ``sluice.stages.train.rank``; this package never runs inside a rank.
 

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,6 +34,7 @@ from sluice.errors import ConfigError, LaunchError, RendezvousError
 from sluice.stages.train.job import TrainJob
 from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.run.launch import collect_result, prepare_run
+from sluice.stages.run.node_agent import torchrun_argv
 from sluice.stages.train.rank import TrainResult
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -62,19 +63,43 @@ class NodeSpec(BaseModel):
         return sum(int(s[-1]) - int(s[0]) + 1 for s in spans)
 
 
-class LaunchConfig(BaseModel):
-    """Where training runs: this machine (no nodes), or the listed nodes."""
+class RayLaunch(BaseModel):
+    """``launch.ray``: how training takes the nodes of a Ray cluster (``launch.engine: ray``)."""
     model_config = ConfigDict(extra="forbid")
+    nodes: int | None = Field(None, ge=1, description="how many nodes train (one node agent each); none: every "
+                              "alive node that can hold one node's ranks")
+    min_nodes: int = Field(1, ge=1, description="after a node is lost, go on with no fewer nodes than this")
+    cpus_per_rank: float = Field(1.0, gt=0, description="CPUs each rank reserves on its node")
+    replace_wait_s: float = Field(30.0, ge=0, description="after a node is lost, how long to wait for a "
+                                  "replacement before resuming on the nodes left")
+    node_lost_s: float = Field(60.0, gt=0, description="a node agent that does not answer for this long is "
+                               "taken as lost")
+    max_node_losses: int = Field(3, ge=0, description="node losses a run survives (each one: a restart "
+                                 "from the last checkpoint)")
+    place_timeout_s: float = Field(120.0, gt=0, description="how long to wait for Ray to place the nodes' ranks")
+
+
+class LaunchConfig(BaseModel):
+    """Where training runs: this machine (no nodes), the listed nodes, or a Ray cluster's nodes."""
+    model_config = ConfigDict(extra="forbid")
+    engine: Literal["torchrun", "ray"] = Field(
+        "torchrun", description="torchrun: this machine, or one torchrun per launch.nodes; ray: the nodes of "
+        "the Ray cluster at engine.address (a node agent per node runs its torchrun, stages/run/ray_nodes.py)")
     nodes: list[NodeSpec] = Field(default_factory=list,
                                   description="empty: this machine only (rendezvous on loopback)")
-    rdzv_port: int = Field(29400, ge=1, le=65535, description="node 0's rendezvous port")
+    rdzv_port: int = Field(29400, ge=1, le=65535, description="node 0's rendezvous port (engine: ray picks "
+                           "a free one on node 0)")
     rdzv_timeout_s: float = Field(120.0, gt=0, description="how long nodes wait for each other")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts after a rank dies; the job "
                                                    "resumes from its last checkpoint")
+    ray: RayLaunch = Field(default_factory=RayLaunch)
 
     @model_validator(mode="after")
     def _distinct(self) -> "LaunchConfig":
         seen = [n.address for n in self.nodes]
+        if self.engine == "ray" and seen:
+            raise ValueError("launch.engine: ray places the ranks on the Ray cluster's nodes itself: leave "
+                             "launch.nodes empty (or use engine: torchrun with the node list)")
         if len(seen) == 1:
             raise ValueError("launch.nodes lists one node: leave it empty to train on this "
                              "machine, or list every node (node 0 first)")
@@ -96,15 +121,10 @@ def node_command(node: NodeSpec, torchrun: list[str]) -> list[str]:
 def node_torchrun(job_path: Path, launch: LaunchConfig, index: int, nproc: int,
                   run_id: str) -> list[str]:
     """The torchrun command line of node ``index`` (it hosts the rendezvous when 0)."""
-    nodes, t = launch.nodes, int(launch.rdzv_timeout_s)
-    # no --node-rank: the c10d rendezvous assigns node ranks (global rank 0 may be on any node)
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)),
-            "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{_host(nodes[0].address)}:{launch.rdzv_port}",
-            "--rdzv-id", run_id, "--local-addr", nodes[index].address,
-            "--rdzv-conf", f"is_host={1 if index == 0 else 0},join_timeout={t},read_timeout={t}",
-            "--max-restarts", str(launch.max_restarts),
-            "-m", "sluice.stages.train.rank", "--job", str(job_path)]
+    nodes = launch.nodes
+    return torchrun_argv(sys.executable, job_path, len(nodes), nproc,
+                         f"{address_in_url(nodes[0].address)}:{launch.rdzv_port}", run_id, nodes[index].address,
+                         index == 0, launch.rdzv_timeout_s, launch.max_restarts)
 
 
 def node_env(node: NodeSpec) -> dict[str, str]:
@@ -114,7 +134,8 @@ def node_env(node: NodeSpec) -> dict[str, str]:
     return env
 
 
-def _host(address: str) -> str:
+def address_in_url(address: str) -> str:
+    """An address as it goes before ``:port`` (IPv6 in brackets)."""
     return f"[{address}]" if ":" in address else address
 
 
@@ -142,7 +163,7 @@ def launch_nodes(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str
     runs = [_NodeRun(i, n, node_command(n, node_torchrun(job_path, cfg, i, nproc, run_id)),
                      out / f"torchrun-node{i}.log", {**os.environ, **(env or {}), **node_env(n)},
                      emit) for i, n in enumerate(cfg.nodes)]
-    endpoint = f"{_host(cfg.nodes[0].address)}:{cfg.rdzv_port}"
+    endpoint = f"{address_in_url(cfg.nodes[0].address)}:{cfg.rdzv_port}"
     try:
         for r in runs:
             r.start()

@@ -1,5 +1,6 @@
 """The training stage as the pipeline runs it: launch the assembled job here (one rank
-in-process, several under torchrun) or across ``launch.nodes``, and log progress from rank 0's
+in-process, several under torchrun), across ``launch.nodes``, or on a Ray cluster's nodes
+(``launch.engine: ray``), and log progress from rank 0's
 metrics while it runs. The flow's task is one call to ``run_training``; a retry of that task
 resumes from the run's last checkpoint (the run directory is the same)."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sluice.stages.train.job import TrainJob
+from sluice.stages.data.engine import EngineConfig
 from sluice.stages.run.launch import launch
 from sluice.stages.run.nodes import LaunchConfig, launch_nodes
 from sluice.stages.run.warm import Start
@@ -59,9 +61,11 @@ def watch_progress(metrics: Path, log: Log, every_s: float = 15.0) -> Iterator[N
 
 
 def run_training(job: TrainJob, start: Start, run_dir: str | os.PathLike, launch_config: LaunchConfig,
-                 nproc: int, timeout_s: float, log: Log) -> dict[str, Any]:
-    """Train ``job`` (assembled from where its weights ``start``) on ``nproc`` ranks here or on
-    each of ``launch_config.nodes``; what the promotion step and the report read back."""
+                 nproc: int | None, timeout_s: float, log: Log, engine: EngineConfig | None = None) -> dict[str, Any]:
+    """Train ``job`` (assembled from where its weights ``start``) on ``nproc`` ranks here, on
+    each of ``launch_config.nodes``, or on each node of the Ray cluster ``engine`` names
+    (``launch.engine: ray``; ``nproc`` None: as the nodes' GPUs or CPUs give); what the
+    promotion step and the report read back."""
     t0 = time.perf_counter()
     log(f"weights: {'champion' if start.plan else 'scratch'} ({start.why})")
     if start.plan is not None and start.plan.selector_why:
@@ -69,7 +73,11 @@ def run_training(job: TrainJob, start: Start, run_dir: str | os.PathLike, launch
     on_line = lambda line: log(line.rstrip()) if line.strip() else None  # noqa: E731
     metrics = Path(run_dir) / "metrics.jsonl"
     with watch_progress(metrics, log):
-        if launch_config.nodes:
+        if launch_config.engine == "ray":
+            from sluice.stages.run.ray_nodes import launch_ray
+            result = launch_ray(job, launch_config, engine, nproc=nproc, out_dir=run_dir, timeout_s=timeout_s,
+                                on_line=on_line)
+        elif launch_config.nodes:
             result = launch_nodes(job, launch_config, nproc=nproc, out_dir=run_dir, timeout_s=timeout_s,
                                   on_line=on_line)
         else:
@@ -77,4 +85,5 @@ def run_training(job: TrainJob, start: Start, run_dir: str | os.PathLike, launch
                             max_restarts=launch_config.max_restarts, on_line=on_line)
     return {"checkpoint": result.checkpoint, "final_acc": result.final_acc, "steps": result.steps,
             "wall_s": time.perf_counter() - t0, "summary": result.summary, "evals": result.evals,
-            "metrics_path": str(metrics), "warm": start.summary()}
+            "metrics_path": str(metrics), "warm": start.summary(),
+            **({"launch": result.summary["launch"]} if "launch" in result.summary else {})}

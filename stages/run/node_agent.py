@@ -1,0 +1,120 @@
+"""One node's torchrun: its command line (what ``launch_nodes`` runs on each listed node) and
+``NodeAgent``, the Ray actor that runs it on a Ray node (``stages/run/ray_nodes.py``). Only the
+standard library and the process rules: the Ray worker hosting an agent never imports torch, so
+an agent starts in the time a Python process does, and its torchrun's ranks import torch once."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from sluice.process_rules import die_with_parent_preexec, stop_group
+from sluice.stages.run.rendezvous import BACKEND as LOOPBACK_BACKEND
+
+
+def torchrun_argv(python: str, job_path: Path | str, nnodes: int, nproc: int, endpoint: str, run_id: str,
+                  local_addr: str, is_host: bool, timeout_s: float, max_restarts: int) -> list[str]:
+    """One node's torchrun, joined to the others by torchrun's c10d rendezvous at ``endpoint``
+    (hosted by the node with ``is_host``); what ``launch_nodes`` and a Ray node agent run. A
+    lone node on a loopback address keeps every store on loopback (``rendezvous.py``'s backend:
+    torchrun's own c10d stores listen on every interface)."""
+    t = int(timeout_s)
+    alone = nnodes == 1 and (local_addr.startswith("127.") or local_addr in ("::1", "localhost"))
+    runner = "sluice.stages.run.rendezvous" if alone else "torch.distributed.run"
+    conf = f"join_timeout={t},read_timeout={t}" if alone else f"is_host={int(is_host)},join_timeout={t},read_timeout={t}"
+    # no --node-rank: the c10d rendezvous assigns node ranks (global rank 0 may be on any node)
+    return [python, "-m", runner, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+            "--rdzv-backend", LOOPBACK_BACKEND if alone else "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", run_id, "--local-addr", local_addr, "--rdzv-conf", conf,
+            "--max-restarts", str(max_restarts),
+            "-m", "sluice.stages.train.rank", "--job", str(job_path)]
+
+
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds ``ip`` on this machine (what gloo and NCCL should use):
+    ``lo`` for a loopback address; None when no interface holds it (they then resolve the host
+    name, as without Sluice)."""
+    if ip.startswith("127.") or ip == "::1":
+        return "lo"
+    try:
+        import psutil  # where it is installed: every address family
+        return next((name for name, addrs in psutil.net_if_addrs().items()
+                     if any(a.address.split("%")[0] == ip for a in addrs)), None)
+    except ImportError:
+        pass
+    if ":" in ip:
+        return None
+    import fcntl
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # IPv4: each interface's address
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == ip:
+                return name
+    return None
+
+
+class NodeAgent:
+    """One node's torchrun, run and watched by a Ray actor placed on that node. The command is
+    built here from typed values, with this node's own Python and address; nothing in it comes
+    from a string a config could fill with a command."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    def where(self) -> dict[str, Any]:
+        """This node: its Ray address and node id, the host name, and a port free on the address
+        (agent 0's torchrun hosts the rendezvous there)."""
+        import ray
+        ip = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+            s.bind((ip, 0))
+            port = s.getsockname()[1]
+        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+                "port": port, "pid": os.getpid()}
+
+    def start(self, job_path: str, nnodes: int, nproc: int, endpoint: str, run_id: str, is_host: bool,
+              timeout_s: float, max_restarts: int, env: dict[str, str]) -> None:
+        """Start this node's torchrun (its own session, tied to this actor: it stops with it)."""
+        import ray
+        ip = ray.util.get_node_ip_address()
+        cmd = torchrun_argv(sys.executable, job_path, nnodes, nproc, endpoint, run_id, ip, is_host,
+                            timeout_s, max_restarts)
+        full = {**os.environ, **env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
+        iface = interface_of(ip)
+        if iface:
+            full.setdefault("GLOO_SOCKET_IFNAME", iface)
+            full.setdefault("NCCL_SOCKET_IFNAME", iface)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full,
+                                     start_new_session=True, preexec_fn=die_with_parent_preexec())
+        self._reader = threading.Thread(target=self._read, name="torchrun-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def poll(self, since: int) -> tuple[list[str], int | None]:
+        """The output lines after the first ``since``, and torchrun's exit code (None: running)."""
+        rc = self.proc.poll() if self.proc is not None else None
+        if rc is not None and self._reader is not None:
+            self._reader.join(5)  # every line in before the exit code is reported
+        return self.lines[since:], rc
+
+    def stop(self) -> int | None:
+        """Stop torchrun and its ranks if they still run; their exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            stop_group(self.proc)
+        return self.proc.poll()

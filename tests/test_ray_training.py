@@ -1,0 +1,81 @@
+"""``launch.engine: ray`` (stages/run/ray_nodes.py) on a real 3-node Ray cluster on this machine
+(a 0-CPU head and two 1-CPU worker nodes in a namespace holding only loopback, token
+authentication): the same job gives the same losses, evaluations and weights on two Ray nodes as
+two torchrun ranks on one machine, and a node removed mid-run costs a restart from the last
+checkpoint on the node left, never the run."""
+from __future__ import annotations
+
+import pytest
+
+from ray_netns import run_in_loopback_namespace
+from sluice.errors import ConfigError
+from sluice.stages.run.nodes import LaunchConfig
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return run_in_loopback_namespace("ray_training_run.py", [str(tmp_path_factory.mktemp("raytrain"))], 540)
+
+
+def test_the_cluster_is_three_nodes_on_loopback(trained):
+    assert trained["nodes"] == 3 and trained["address"].startswith("127.0.0.1:")
+    assert trained["listening"] and set(trained["listening"]) <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, \
+        trained["listening"]
+
+
+def test_two_ray_nodes_train_the_same_bits_as_two_ranks_on_one_machine(trained):
+    s = trained["same"]
+    assert s["launch"]["engine"] == "ray" and len(s["launch"]["attempts"]) == 1, s["launch"]
+    a = s["launch"]["attempts"][0]
+    assert a["ended"] == "done" and a["world_size"] == 2 and len({n["node_id"] for n in a["nodes"]}) == 2, a
+    assert s["world"] == 2 and s["steps"] == [24, 24]
+    assert s["digests"][0] == s["digests"][1] and len(set(s["digests"][0])) == 1  # every rank, both runs
+    assert s["acc"][0] == s["acc"][1] and s["n_evals"] >= 2 and s["evals"]
+    assert s["n_losses"] >= 2 and s["losses"]
+    assert s["node_lines"] > 0  # the nodes' torchrun output reached the caller's log
+
+
+def test_a_node_lost_mid_run_costs_a_restart_from_the_last_checkpoint(trained):
+    """The node hosting the rendezvous removed once a checkpoint is written: the agents' runs
+    are stopped, the ranks start again on the one node left (world size 1), resume from the
+    checkpoint, and finish the budget; the summary says what happened."""
+    lost = trained["lost"]
+    assert lost["checkpoint_before"] and lost.get("removed"), lost
+    assert lost["error"] is None, lost
+    assert lost["alive_nodes_after"] == 2
+    attempts = lost["launch"]["attempts"]
+    assert [x["ended"] for x in attempts] == ["lost", "done"], attempts
+    assert attempts[0]["world_size"] == 2 and attempts[1]["world_size"] == 1
+    assert attempts[1]["nodes"][0]["node_id"] != attempts[0]["nodes"][0]["node_id"]
+    assert lost["launch"]["node_losses"] == 1
+    assert lost["steps"] == 60 and lost["resumed_from"] is not None and lost["resumed_from"] >= lost["killed_at"]
+    assert lost["world"] == 1
+    assert any("lost; the ranks restart from the last checkpoint" in line for line in lost["said"]), lost["said"]
+    assert not trained["orphans"], trained["orphans"]  # no rank left training after its node went
+
+
+def test_the_nightly_flow_trains_on_the_clusters_nodes(trained):
+    """``sluice run nightly --set launch.engine=ray --set engine.address=...``: the flow's train
+    task places its ranks on two nodes of the cluster; their output and the attempt reach the
+    flow's log, and the night's report says where it trained."""
+    night = trained["night"]
+    assert night["rc"] == 0, night["tail"]
+    assert any("2 node(s) x 1 rank(s)" in x for x in night["attempts"]), night["tail"]
+    assert night["node_lines"] > 0
+    assert "launched on a Ray cluster: attempt 1: 2 ranks on 2 node(s), done" in night["report"], night["report"]
+
+
+def test_launch_engine_ray_takes_no_node_list():
+    with pytest.raises(ValueError, match="places the ranks"):
+        LaunchConfig(engine="ray", nodes=[{"address": "10.0.0.1"}, {"address": "10.0.0.2"}])
+    assert LaunchConfig.model_validate({"engine": "ray", "ray": {"nodes": 2}}).ray.nodes == 2
+    with pytest.raises(ValueError):
+        LaunchConfig.model_validate({"engine": "ray", "ray": {"nodes": 0}})
+
+
+def test_launch_ray_refuses_the_torchrun_engine():
+    from sluice.stages.run.ray_nodes import launch_ray
+    with pytest.raises(ConfigError, match="launch.engine: ray"):
+        launch_ray({}, LaunchConfig())
