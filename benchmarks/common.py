@@ -52,3 +52,26 @@ def paired_overhead(on_s: list[float], off_s: list[float]) -> float:
     back to back, so the host's drift between rounds cancels (shown beside the ratio of medians,
     which decides the goal)."""
     return 1 - statistics.median(off / on for on, off in zip(on_s, off_s))
+
+
+def rerun_in_loopback_namespace(module: str, argv: list[str], flag: str, why: str) -> int:
+    """``python -m module argv`` again, inside a fresh network namespace that holds only loopback
+    (root: ``ip netns``), with the environment variable ``flag`` set to 1 so the rerun knows it is
+    inside; the benchmarks that start a Ray cluster use it (Ray advertises the host's own address
+    otherwise). ``why`` says what needs the namespace when one cannot be made."""
+    import os
+    import subprocess
+    import sys
+    from deploy.simcluster import netadmin_missing
+    missing = netadmin_missing()
+    if missing:
+        print(f"{module} needs a network namespace ({why}): {missing}", file=sys.stderr)
+        return 2
+    ns = f"sluice-{module.rsplit('.', 1)[-1].replace('_', '-')}-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", module, *argv],
+                              cwd=Path(__file__).resolve().parents[1], env={**os.environ, flag: "1"}).returncode
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], check=False)

@@ -40,14 +40,13 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.common import table, write_result
+from benchmarks.common import rerun_in_loopback_namespace, table, write_result
 from benchmarks.hostinfo import describe_run
 from benchmarks.results_page import provenance
 
@@ -404,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     mode = "quick" if args.quick else "full"
     if os.environ.get(INSIDE) != "1":
-        return _in_namespace(argv if argv is not None else sys.argv[1:])
+        return rerun_in_loopback_namespace("benchmarks.scale_out", argv if argv is not None else sys.argv[1:],
+                                           INSIDE, "to keep Ray on loopback")
     provenance_ = describe_run("benchmarks.scale_out", argv)
     sizes = {k: v for k, v in (("images", args.images), ("text_mb", args.text_mb)) if v is not None}
     d = run(mode, args.repeats or MODES[mode]["repeats"], set(args.arms.split(",")) if args.arms else None, sizes)
@@ -419,23 +419,6 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, ["arm", "median_s", "min_s", "max_s"]))
     print("\n".join(results_section(d, path.name)))
     return 0
-
-
-def _in_namespace(argv: list[str]) -> int:
-    """This benchmark again, inside a network namespace that holds only loopback (root: ip netns)."""
-    from deploy.simcluster import netadmin_missing
-    why = netadmin_missing()
-    if why:
-        print(f"benchmarks.scale_out needs a network namespace to keep Ray on loopback: {why}", file=sys.stderr)
-        return 2
-    ns = f"sluice-scale-out-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
-        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "benchmarks.scale_out", *argv],
-                              cwd=ROOT, env={**os.environ, INSIDE: "1"}).returncode
-    finally:
-        subprocess.run(["ip", "netns", "delete", ns], check=False)
 
 
 if __name__ == "__main__":

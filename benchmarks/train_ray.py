@@ -30,7 +30,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from benchmarks.common import table, write_result
+from benchmarks.common import rerun_in_loopback_namespace, table, write_result
 from benchmarks.hostinfo import describe_run
 from benchmarks.results_page import provenance
 
@@ -210,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="results name (default: train_ray or train_ray_quick)")
     args = p.parse_args(argv)
     if os.environ.get(INSIDE) != "1":
-        return _in_namespace(argv if argv is not None else sys.argv[1:])
+        return rerun_in_loopback_namespace("benchmarks.train_ray", argv if argv is not None else sys.argv[1:],
+                                           INSIDE, "Ray on loopback, the simulated cluster")
     mode = "quick" if args.quick else "full"
     d = {**describe_run("benchmarks.train_ray", argv), **run(mode, args.repeats or MODES[mode]["repeats"]),
          "goals_wanted": GOALS}
@@ -220,24 +220,6 @@ def main(argv: list[str] | None = None) -> int:
                  for a, x in d["summary"]["arms"].items()], ["arm", "median_tta_s", "median_s", "reached"]))
     print("\n".join(results_section(d, path.name)))
     return 0
-
-
-def _in_namespace(argv: list[str]) -> int:
-    """This benchmark again, inside a network namespace that holds only loopback (root: ip netns)."""
-    from deploy.simcluster import netadmin_missing
-    why = netadmin_missing()
-    if why:
-        print(f"benchmarks.train_ray needs network namespaces (Ray on loopback, the simulated cluster): {why}",
-              file=sys.stderr)
-        return 2
-    ns = f"sluice-train-ray-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
-        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "benchmarks.train_ray", *argv],
-                              cwd=ROOT, env={**os.environ, INSIDE: "1"}).returncode
-    finally:
-        subprocess.run(["ip", "netns", "delete", ns], check=False)
 
 
 if __name__ == "__main__":
