@@ -80,48 +80,60 @@ report["same"] = {
     "node_lines": sum(line.startswith("[node ") for line in said),
     "said": [line for line in said if line.startswith("[sluice]")]}
 
-# 2. the node that hosts the rendezvous (agent 0's) removed mid-run: a restart on the node left
-run = out / "lost"
+# 2. the node that hosts the rendezvous (agent 0's) removed mid-run: a restart on the node left;
+# then again with a replacement node added at once: a restart on two nodes again
 train_slow = {**train, "delay_s": 0.03}  # slow storage, so the removal lands mid-run
-box: dict = {}
-said = []
 
 
-def go() -> None:
-    try:
-        box["result"] = launch_ray(make_job(cfg(max_steps=60, checkpoint_every_steps=5, eval_every_steps=30),
-                                            train_slow, test),
-                                   {"ray": {"replace_wait_s": 3, "node_lost_s": 20}}, engine, out_dir=run,
-                                   on_line=said.append, timeout_s=400)
-    except Exception as e:  # noqa: BLE001 - reported
-        box["error"] = f"{type(e).__name__}: {e}"
+def add_node():
+    workers.append(cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=80 * MIB))
+    cluster.wait_for_nodes()
 
 
-th = threading.Thread(target=go)
-th.start()
-ckpt = run / "checkpoints" / "last.pt"
-deadline = time.monotonic() + 200
-while not (ckpt.exists() and (run / NODES_FILE).exists()) and time.monotonic() < deadline and th.is_alive():
-    time.sleep(0.2)
-lost: dict = {"checkpoint_before": ckpt.exists()}
-if ckpt.exists():
-    lost["killed_at"] = load_checkpoint(ckpt)["step"]
-    host_node = json.loads((run / NODES_FILE).read_text())["attempts"][-1]["nodes"][0]["node_id"]
-    victim = next(w for w in workers if w.node_id == host_node)
-    cluster.remove_node(victim, allow_graceful=False)
-    lost["removed"] = True
-th.join(420)
-lost["alive_nodes_after"] = len([n for n in ray.nodes() if n["Alive"]])
-if "result" in box:
-    r = box["result"]
-    lost.update(steps=r.steps, resumed_from=r.resumed_from, launch=r.summary["launch"],
-                world=r.summary.get("world_size"), digests=r.summary["param_digests"])
-lost["error"] = box.get("error")
-lost["said"] = [line for line in said if line.startswith("[sluice]")]
-report["lost"] = lost
-# 3. the nightly flow through the front door on the cluster, its node back (Prefect's temporary API on loopback)
-workers.append(cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=80 * MIB))
-cluster.wait_for_nodes()
+def lose_a_node(run: Path, replace_wait_s: float, replacement: bool) -> dict:
+    box: dict = {}
+    said: list[str] = []
+
+    def go() -> None:
+        try:
+            box["result"] = launch_ray(make_job(cfg(max_steps=60, checkpoint_every_steps=5, eval_every_steps=30),
+                                                train_slow, test),
+                                       {"ray": {"replace_wait_s": replace_wait_s, "node_lost_s": 20}}, engine,
+                                       out_dir=run, on_line=said.append, timeout_s=400)
+        except Exception as e:  # noqa: BLE001 - reported
+            box["error"] = f"{type(e).__name__}: {e}"
+
+    th = threading.Thread(target=go)
+    th.start()
+    ckpt = run / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 200
+    while not (ckpt.exists() and (run / NODES_FILE).exists()) and time.monotonic() < deadline and th.is_alive():
+        time.sleep(0.2)
+    lost: dict = {"checkpoint_before": ckpt.exists()}
+    if ckpt.exists():
+        lost["killed_at"] = load_checkpoint(ckpt)["step"]
+        host_node = json.loads((run / NODES_FILE).read_text())["attempts"][-1]["nodes"][0]["node_id"]
+        victim = next(w for w in workers if w.node_id == host_node)
+        cluster.remove_node(victim, allow_graceful=False)
+        workers.remove(victim)
+        lost["removed"] = True
+        if replacement:
+            add_node()
+    th.join(420)
+    lost["alive_nodes_after"] = len([n for n in ray.nodes() if n["Alive"]])
+    if "result" in box:
+        r = box["result"]
+        lost.update(steps=r.steps, resumed_from=r.resumed_from, launch=r.summary["launch"],
+                    world=r.summary.get("world_size"), digests=r.summary["param_digests"])
+    lost["error"] = box.get("error")
+    lost["said"] = [line for line in said if line.startswith("[sluice]")]
+    return lost
+
+
+report["lost"] = lose_a_node(out / "lost", 3, replacement=False)
+add_node()
+report["replaced"] = lose_a_node(out / "replaced", 60, replacement=True)
+# 3. the nightly flow through the front door on the cluster's two nodes (Prefect's temporary API on loopback)
 night = [sys.executable, "-m", "sluice.flows.cli", "run", "nightly", "--data-root", str(out / "night")]
 for kv in ("data.source=fashion-mnist", "data.ingest.limit=600", "data.shard.shard_samples=300",
            "data.shard.progress=false", "selection.method=none", "train.batch_size=32", "train.max_steps=12",

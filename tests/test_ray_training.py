@@ -56,6 +56,20 @@ def test_a_node_lost_mid_run_costs_a_restart_from_the_last_checkpoint(trained):
     assert not trained["orphans"], trained["orphans"]  # no rank left training after its node went
 
 
+def test_a_replacement_node_is_waited_for_and_taken(trained):
+    """The same removal with a node added right after it: the restart waits for it
+    (``replace_wait_s``) and trains on two nodes again, one of them the new one."""
+    rep = trained["replaced"]
+    assert rep["removed"] and rep["error"] is None, rep
+    attempts = rep["launch"]["attempts"]
+    assert [x["ended"] for x in attempts] == ["lost", "done"], attempts
+    assert attempts[0]["world_size"] == attempts[1]["world_size"] == 2
+    before, after = ({n["node_id"] for n in x["nodes"]} for x in attempts)
+    assert len(after) == 2 and len(after - before) == 1  # the survivor and the replacement
+    assert rep["steps"] == 60 and rep["resumed_from"] >= rep["killed_at"] and rep["world"] == 2
+    assert len(set(rep["digests"])) == 1
+
+
 def test_the_nightly_flow_trains_on_the_clusters_nodes(trained):
     """``sluice run nightly --set launch.engine=ray --set engine.address=...``: the flow's train
     task places its ranks on two nodes of the cluster; their output and the attempt reach the
