@@ -16,6 +16,21 @@ from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.run.rendezvous import BACKEND as LOOPBACK_BACKEND
 
 
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP or host name, no port) is this machine's loopback."""
+    return address.startswith("127.") or address in ("::1", "localhost")
+
+
+def torchrun_env(interface: str | None) -> dict[str, str]:
+    """What a node's torchrun runs with besides the caller's environment: a fresh workers'
+    store per attempt (after a rank is killed the nodes can disagree on their restart counts)
+    and, given the NIC, gloo and NCCL kept to it."""
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = interface
+    return env
+
+
 def torchrun_argv(python: str, job_path: Path | str, nnodes: int, nproc: int, endpoint: str, run_id: str,
                   local_addr: str, is_host: bool, timeout_s: float, max_restarts: int) -> list[str]:
     """One node's torchrun, joined to the others by torchrun's c10d rendezvous at ``endpoint``
@@ -23,7 +38,7 @@ def torchrun_argv(python: str, job_path: Path | str, nnodes: int, nproc: int, en
     lone node on a loopback address keeps every store on loopback (``rendezvous.py``'s backend:
     torchrun's own c10d stores listen on every interface)."""
     t = int(timeout_s)
-    alone = nnodes == 1 and (local_addr.startswith("127.") or local_addr in ("::1", "localhost"))
+    alone = nnodes == 1 and is_loopback(local_addr)
     runner = "sluice.stages.run.rendezvous" if alone else "torch.distributed.run"
     conf = f"join_timeout={t},read_timeout={t}" if alone else f"is_host={int(is_host)},join_timeout={t},read_timeout={t}"
     # no --node-rank: the c10d rendezvous assigns node ranks (global rank 0 may be on any node)
@@ -38,7 +53,7 @@ def interface_of(ip: str) -> str | None:
     """The network interface that holds ``ip`` on this machine (what gloo and NCCL should use):
     ``lo`` for a loopback address; None when no interface holds it (they then resolve the host
     name, as without Sluice)."""
-    if ip.startswith("127.") or ip == "::1":
+    if is_loopback(ip):
         return "lo"
     try:
         import psutil  # where it is installed: every address family
@@ -89,11 +104,7 @@ class NodeAgent:
         ip = ray.util.get_node_ip_address()
         cmd = torchrun_argv(sys.executable, job_path, nnodes, nproc, endpoint, run_id, ip, is_host,
                             timeout_s, max_restarts)
-        full = {**os.environ, **env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
-        iface = interface_of(ip)
-        if iface:
-            full.setdefault("GLOO_SOCKET_IFNAME", iface)
-            full.setdefault("NCCL_SOCKET_IFNAME", iface)
+        full = {**torchrun_env(interface_of(ip)), **os.environ, **env}  # a NIC set on the node or by the caller wins
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full,
                                      start_new_session=True, preexec_fn=die_with_parent_preexec())
         self._reader = threading.Thread(target=self._read, name="torchrun-output", daemon=True)

@@ -34,7 +34,7 @@ from sluice.errors import ConfigError, LaunchError, RendezvousError
 from sluice.stages.train.job import TrainJob
 from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.run.launch import collect_result, prepare_run
-from sluice.stages.run.node_agent import torchrun_argv
+from sluice.stages.run.node_agent import torchrun_argv, torchrun_env
 from sluice.stages.train.rank import TrainResult
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -128,10 +128,8 @@ def node_torchrun(job_path: Path, launch: LaunchConfig, index: int, nproc: int,
 
 
 def node_env(node: NodeSpec) -> dict[str, str]:
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
-    if node.interface:
-        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = node.interface
-    return env
+    """What the node's torchrun runs with besides the caller's environment."""
+    return torchrun_env(node.interface)
 
 
 def address_in_url(address: str) -> str:
