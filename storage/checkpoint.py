@@ -3,33 +3,51 @@
 A checkpoint is a dict of tensors and plain Python values (no pickled objects), so loading it
 cannot run code. It carries a ``compat`` record (model name and config hash); loading refuses a
 checkpoint whose record differs from the caller's, naming the fields that differ.
+The directory may be an fsspec URL (``s3://bucket/run/checkpoints``: what training on nodes
+that share no file system writes to, ``launch.ray.storage``); a remote checkpoint is uploaded
+whole once written (one object: readers see the previous one or this one) and read into memory.
 ``torch`` is imported inside the functions: the rest of ``storage`` stays torch-free.
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
 
 from sluice.errors import CheckpointMismatch
+from sluice.storage import paths
 from sluice.storage.atomic import atomic_path
 
 LAST = "last.pt"
 
 
-def checkpoint_path(directory: str | os.PathLike) -> Path:
-    """Where the latest checkpoint of a run lives."""
-    return Path(directory) / LAST
+def checkpoint_path(directory: str | os.PathLike) -> Path | str:
+    """Where the latest checkpoint of a run lives: a path, or a URL for a remote directory."""
+    if paths.is_local(directory):
+        return paths.local_path(directory) / LAST
+    return paths.join(directory, LAST)
 
 
-def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+def checkpoint_exists(path: str | os.PathLike | None) -> bool:
+    """Whether a checkpoint is at ``path`` (a path or URL; None: no)."""
+    if path is None:
+        return False
+    if paths.is_local(path):
+        return paths.local_path(path).is_file()
+    fs, where = paths.filesystem(path)
+    fs.invalidate_cache(where)  # another process (rank 0, on another node) may have written it since
+    return fs.exists(where)
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path | str:
     """Write ``state`` atomically: readers see the previous checkpoint or this one, whole."""
     import torch
     if "compat" not in state:
         raise ValueError("a checkpoint needs a 'compat' record (model name, config hash)")
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
-    return Path(path)
+    return paths.local_path(path) if paths.is_local(path) else os.fspath(path)
 
 
 def load_checkpoint(path: str | os.PathLike, compat: dict[str, Any] | None = None,
@@ -37,11 +55,12 @@ def load_checkpoint(path: str | os.PathLike, compat: dict[str, Any] | None = Non
     """Load safely; if ``compat`` is given, refuse a checkpoint written for something else
     (fields named in ``ignore`` may differ, e.g. the world size of a run allowed to resize)."""
     import torch
-    p = Path(path)
-    if not p.is_file():
+    p: Path | str = paths.local_path(path) if paths.is_local(path) else os.fspath(path)
+    if not checkpoint_exists(p):
         raise FileNotFoundError(f"no checkpoint at {p}")
     try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
+        src = p if isinstance(p, Path) else io.BytesIO(paths.read_bytes(p))
+        state = torch.load(src, map_location=map_location, weights_only=True)
     except Exception as e:  # corrupt file or pickled objects
         raise CheckpointMismatch(f"cannot load checkpoint {p} with weights_only=True: {e}") from e
     if compat is not None:

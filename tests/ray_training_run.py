@@ -2,11 +2,14 @@
 a real 3-node Ray cluster (a 0-CPU head, two 1-CPU worker nodes, token authentication, every
 node on 127.0.0.1, node failures noticed within seconds), training through ``launch.engine:
 ray`` against the same job under torchrun on one machine, then a run whose rendezvous host
-node is removed mid-run. Prints one JSON line: what the test checks."""
+node is removed mid-run; the same with the checkpoints in object storage (a real S3-protocol
+server, moto's, on 127.0.0.1) for nodes that share no file system. Prints one JSON line: what
+the test checks."""
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +19,18 @@ from pathlib import Path
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ["RAY_AUTH_TOKEN"] = "sluice-test-" + os.urandom(16).hex()
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+out = Path(sys.argv[1])
+# object storage for nodes that share no file system: an S3-protocol server on loopback, reached
+# by every node through the environment the cluster's processes inherit (as a user's endpoint is)
+with socket.socket() as _s:
+    _s.bind(("127.0.0.1", 0))
+    S3_PORT = _s.getsockname()[1]
+out.mkdir(parents=True, exist_ok=True)
+with open(out / "moto.log", "wb") as _log:  # a file, not a pipe: an unread pipe fills and blocks the server
+    s3_server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(S3_PORT)],
+                                 stdout=subprocess.DEVNULL, stderr=_log)
+os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                  AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}")
 
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -23,10 +38,10 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from conftest import npz_specs  # noqa: E402
 from sluice.stages.run.launch import launch, make_job  # noqa: E402
 from sluice.stages.run.ray_nodes import NODES_FILE, launch_ray  # noqa: E402
-from sluice.storage.checkpoint import load_checkpoint  # noqa: E402
+from sluice.storage.checkpoint import checkpoint_exists, load_checkpoint  # noqa: E402
 
 MIB = 2**20
-out = Path(sys.argv[1])
+BUCKET = "sluice-test"
 t0 = time.time()
 cluster = Cluster(initialize_head=True, head_node_args={
     "node_ip_address": "127.0.0.1", "num_cpus": 0, "object_store_memory": 80 * MIB, "include_dashboard": False,
@@ -35,6 +50,16 @@ cluster = Cluster(initialize_head=True, head_node_args={
 workers = [cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, object_store_memory=80 * MIB) for _ in range(2)]
 cluster.wait_for_nodes()
 ray.init(address=cluster.address, log_to_driver=False)
+import s3fs  # noqa: E402
+
+for _ in range(100):
+    try:
+        socket.create_connection(("127.0.0.1", S3_PORT), timeout=0.5).close()
+        break
+    except OSError:
+        time.sleep(0.2)
+s3 = s3fs.S3FileSystem()
+s3.mkdir(BUCKET)
 report: dict = {"started_s": round(time.time() - t0, 1), "address": cluster.address,
                 "nodes": len([n for n in ray.nodes() if n["Alive"]])}
 listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout.split("\n")
@@ -80,6 +105,24 @@ report["same"] = {
     "node_lines": sum(line.startswith("[node ") for line in said),
     "said": [line for line in said if line.startswith("[sluice]")]}
 
+# 1b. the same job on nodes sharing no file system: checkpoints in object storage, the job sent
+t = time.time()
+on_s3 = launch_ray(make_job(cfg(checkpoint_every_steps=12), train, test),
+                   {"ray": {"nodes": 2, "storage": f"s3://{BUCKET}/runs"}}, engine,
+                   out_dir=out / "s3", on_line=lambda line: None, timeout_s=300)
+report["s3_s"] = round(time.time() - t, 1)
+stored = sorted(s3.find(f"{BUCKET}/runs"))
+a = on_s3.summary["launch"]["attempts"][0]
+report["s3"] = {
+    "digests": on_s3.summary["param_digests"], "acc": on_s3.final_acc, "steps": on_s3.steps,
+    "evals": evals(on_s3) == evals(single), "losses": losses(out / "s3") == losses(out / "single"),
+    "ended": a["ended"], "world": a["world_size"], "storage": on_s3.summary["launch"].get("storage"),
+    "stored": stored, "job_files": a["job_files"], "out": str(out / "s3"),
+    "local_checkpoint": on_s3.checkpoint,
+    "same_checkpoint": bool(on_s3.checkpoint) and Path(on_s3.checkpoint).read_bytes() == s3.cat(
+        next((x for x in stored if x.endswith("checkpoints/last.pt")), f"{BUCKET}/none")),
+    "node_dirs_left": [p for p in a["job_files"] if Path(p).exists()]}
+
 # 2. the node that hosts the rendezvous (agent 0's) removed mid-run: a restart on the node left;
 # then again with a replacement node added at once: a restart on two nodes again
 train_slow = {**train, "delay_s": 0.03}  # slow storage, so the removal lands mid-run
@@ -90,7 +133,7 @@ def add_node():
     cluster.wait_for_nodes()
 
 
-def lose_a_node(run: Path, replace_wait_s: float, replacement: bool) -> dict:
+def lose_a_node(run: Path, replace_wait_s: float, replacement: bool, storage: str | None = None) -> dict:
     box: dict = {}
     said: list[str] = []
 
@@ -98,19 +141,29 @@ def lose_a_node(run: Path, replace_wait_s: float, replacement: bool) -> dict:
         try:
             box["result"] = launch_ray(make_job(cfg(max_steps=60, checkpoint_every_steps=5, eval_every_steps=30),
                                                 train_slow, test),
-                                       {"ray": {"replace_wait_s": replace_wait_s, "node_lost_s": 20}}, engine,
+                                       {"ray": {"replace_wait_s": replace_wait_s, "node_lost_s": 20,
+                                                "storage": storage}}, engine,
                                        out_dir=run, on_line=said.append, timeout_s=400)
         except Exception as e:  # noqa: BLE001 - reported
             box["error"] = f"{type(e).__name__}: {e}"
 
     th = threading.Thread(target=go)
     th.start()
-    ckpt = run / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 200
-    while not (ckpt.exists() and (run / NODES_FILE).exists()) and time.monotonic() < deadline and th.is_alive():
+
+    def checkpoint() -> str | Path | None:  # where the run's checkpoint is, once written
+        if storage is None:
+            return run / "checkpoints" / "last.pt"
+        s3.invalidate_cache()
+        found = [x for x in s3.glob(f"{storage[len('s3://'):]}/{run.name}-*/checkpoints/last.pt")]
+        return f"s3://{found[0]}" if found else None
+
+    while not (checkpoint_exists(checkpoint()) and (run / NODES_FILE).exists()) and time.monotonic() < deadline \
+            and th.is_alive():
         time.sleep(0.2)
-    lost: dict = {"checkpoint_before": ckpt.exists()}
-    if ckpt.exists():
+    ckpt = checkpoint()
+    lost: dict = {"checkpoint_before": checkpoint_exists(ckpt)}
+    if lost["checkpoint_before"]:
         lost["killed_at"] = load_checkpoint(ckpt)["step"]
         host_node = json.loads((run / NODES_FILE).read_text())["attempts"][-1]["nodes"][0]["node_id"]
         victim = next(w for w in workers if w.node_id == host_node)
@@ -123,7 +176,7 @@ def lose_a_node(run: Path, replace_wait_s: float, replacement: bool) -> dict:
     lost["alive_nodes_after"] = len([n for n in ray.nodes() if n["Alive"]])
     if "result" in box:
         r = box["result"]
-        lost.update(steps=r.steps, resumed_from=r.resumed_from, launch=r.summary["launch"],
+        lost.update(steps=r.steps, resumed_from=r.resumed_from, launch=r.summary["launch"], checkpoint=r.checkpoint,
                     world=r.summary.get("world_size"), digests=r.summary["param_digests"])
     lost["error"] = box.get("error")
     lost["said"] = [line for line in said if line.startswith("[sluice]")]
@@ -132,7 +185,7 @@ def lose_a_node(run: Path, replace_wait_s: float, replacement: bool) -> dict:
 
 report["lost"] = lose_a_node(out / "lost", 3, replacement=False)
 add_node()
-report["replaced"] = lose_a_node(out / "replaced", 60, replacement=True)
+report["replaced"] = lose_a_node(out / "replaced", 60, replacement=True, storage=f"s3://{BUCKET}/runs")
 # 3. the nightly flow through the front door on the cluster's two nodes (Prefect's temporary API on loopback)
 night = [sys.executable, "-m", "sluice.flows.cli", "run", "nightly", "--data-root", str(out / "night")]
 for kv in ("data.source=fashion-mnist", "data.ingest.limit=600", "data.shard.shard_samples=300",
@@ -151,4 +204,5 @@ report["orphans"] = subprocess.run(["pgrep", "-f", "sluice.stages.train.rank"], 
                                    text=True).stdout.split()
 ray.shutdown()
 cluster.shutdown()
+s3_server.terminate()
 print("REPORT " + json.dumps(report), flush=True)

@@ -180,6 +180,24 @@ def test_resume_after_halt_equals_uninterrupted(tmp_path, fmnist):
     assert second.final_acc == full.final_acc
 
 
+def test_checkpoints_in_object_storage_resume_as_local_ones(tmp_path, fmnist):
+    """``checkpoint_dir`` as an fsspec URL (what nodes sharing no file system write to,
+    ``launch.ray.storage``): the checkpoint is one object there, and halting and resuming from
+    it trains the same bits as the uninterrupted run on a local path."""
+    import fsspec
+    full = train(cfg(checkpoint_dir=str(tmp_path / "a")), *loaders(fmnist))
+    url = f"memory://sluice-test-{tmp_path.name}/run/checkpoints"
+    c = cfg(checkpoint_dir=url)
+    first = train(c.model_copy(update={"halt_at_step": 5}), *loaders(fmnist))
+    assert first.halted and first.checkpoint == f"{url}/last.pt"
+    assert load_checkpoint(first.checkpoint)["step"] == 5 and not (tmp_path / "run").exists()
+    second = train(c, *loaders(fmnist))
+    assert second.resumed_from == 5 and second.steps == 12
+    assert full.summary["param_digests"] == second.summary["param_digests"]
+    assert fsspec.filesystem("memory").ls(url.removeprefix("memory://"), detail=False) == \
+        [f"/sluice-test-{tmp_path.name}/run/checkpoints/last.pt"]  # no temp objects left beside it
+
+
 @pytest.mark.parametrize("method", ["infobatch", "importance"])
 def test_resume_keeps_the_selectors_loss_table(tmp_path, fmnist, method):
     """Halting mid-run and resuming trains exactly as the uninterrupted run: the selector's

@@ -4,16 +4,22 @@ standard library and the process rules: the Ray worker hosting an agent never im
 an agent starts in the time a Python process does, and its torchrun's ranks import torch once."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.run.rendezvous import BACKEND as LOOPBACK_BACKEND
+
+METRICS = "metrics.jsonl"
+OUTCOME_FILES = ("result.json", "error.json")  # rank 0's result, a rank's fatal error (stages/train/rank.py)
 
 
 def is_loopback(address: str) -> bool:
@@ -79,12 +85,18 @@ def interface_of(ip: str) -> str | None:
 class NodeAgent:
     """One node's torchrun, run and watched by a Ray actor placed on that node. The command is
     built here from typed values, with this node's own Python and address; nothing in it comes
-    from a string a config could fill with a command."""
+    from a string a config could fill with a command.
+
+    On nodes that share no file system (``launch.ray.storage``) the driver sends the job itself:
+    the agent runs it from a local directory of its own, streams rank 0's metrics lines back with
+    its output (``poll``) and hands over the result or error file at the end (``outcome``)."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self._reader: threading.Thread | None = None
+        self.workdir: Path | None = None  # a local run directory (nodes sharing no file system)
+        self._metrics_at = 0  # bytes of the local metrics file already sent
 
     def where(self) -> dict[str, Any]:
         """This node: its Ray address and node id, the host name, and a port free on the address
@@ -98,9 +110,16 @@ class NodeAgent:
                 "port": port, "pid": os.getpid()}
 
     def start(self, job_path: str, nnodes: int, nproc: int, endpoint: str, run_id: str, is_host: bool,
-              timeout_s: float, max_restarts: int, env: dict[str, str]) -> None:
-        """Start this node's torchrun (its own session, tied to this actor: it stops with it)."""
+              timeout_s: float, max_restarts: int, env: dict[str, str], job: dict[str, Any] | None = None) -> str:
+        """Start this node's torchrun (its own session, tied to this actor: it stops with it) on
+        ``job_path``, or, given ``job``, on a copy in a new local directory whose metrics file is
+        local too. Returns the job file the ranks read."""
         import ray
+        if job is not None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="sluice-node-"))
+            config = {**job["config"], "metrics_path": str(self.workdir / METRICS)}
+            job_path = str(self.workdir / "job.json")
+            Path(job_path).write_text(json.dumps({**job, "config": config}))
         ip = ray.util.get_node_ip_address()
         cmd = torchrun_argv(sys.executable, job_path, nnodes, nproc, endpoint, run_id, ip, is_host,
                             timeout_s, max_restarts)
@@ -109,23 +128,47 @@ class NodeAgent:
                                      start_new_session=True, preexec_fn=die_with_parent_preexec())
         self._reader = threading.Thread(target=self._read, name="torchrun-output", daemon=True)
         self._reader.start()
+        return job_path
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def poll(self, since: int) -> tuple[list[str], int | None]:
-        """The output lines after the first ``since``, and torchrun's exit code (None: running)."""
+    def poll(self, since: int) -> tuple[list[str], int | None, list[str]]:
+        """The output lines after the first ``since``, torchrun's exit code (None: running), and
+        the local metrics file's new whole lines (rank 0's, on a node that runs from its own
+        directory; else none)."""
         rc = self.proc.poll() if self.proc is not None else None
         if rc is not None and self._reader is not None:
             self._reader.join(5)  # every line in before the exit code is reported
-        return self.lines[since:], rc
+        return self.lines[since:], rc, self._new_metrics()
+
+    def _new_metrics(self) -> list[str]:
+        f = self.workdir / METRICS if self.workdir is not None else None
+        if f is None or not f.exists():
+            return []
+        with open(f, "rb") as fh:
+            fh.seek(self._metrics_at)
+            data = fh.read()
+        whole = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self._metrics_at += len(whole)
+        return whole.decode().splitlines(keepends=True)
+
+    def outcome(self) -> dict[str, str]:
+        """The run's result and error files in this node's local directory, by name (those there)."""
+        if self.workdir is None:
+            return {}
+        return {name: (self.workdir / name).read_text() for name in OUTCOME_FILES if (self.workdir / name).exists()}
 
     def stop(self) -> int | None:
-        """Stop torchrun and its ranks if they still run; their exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            stop_group(self.proc)
-        return self.proc.poll()
+        """Stop torchrun and its ranks if they still run, remove the local run directory; their
+        exit code."""
+        rc = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                stop_group(self.proc)
+            rc = self.proc.poll()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return rc

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.errors import ConfigError, LaunchError, RendezvousError
 from sluice.stages.train.job import TrainJob
@@ -77,6 +77,20 @@ class RayLaunch(BaseModel):
     max_node_losses: int = Field(3, ge=0, description="node losses a run survives (each one: a restart "
                                  "from the last checkpoint)")
     place_timeout_s: float = Field(120.0, gt=0, description="how long to wait for Ray to place the nodes' ranks")
+    storage: str | None = Field(None, description="for nodes that share no file system: an fsspec URL every "
+                                "node reaches (s3://bucket/prefix; credentials from each node's environment) "
+                                "that holds the run's checkpoints, under a key named after out_dir; each node "
+                                "runs from a local directory of its own and rank 0's metrics and result come "
+                                "back to out_dir. None: out_dir is one path every node sees")
+
+    @field_validator("storage")
+    @classmethod
+    def _a_url(cls, v: str | None) -> str | None:
+        if v is not None and "://" not in v:
+            raise ValueError(f"launch.ray.storage is where nodes that share no file system keep the checkpoints: "
+                             f"an fsspec URL such as s3://bucket/prefix, got {v!r} (a path every node sees is "
+                             "out_dir itself: leave storage unset)")
+        return v.rstrip("/") if v else v
 
 
 class LaunchConfig(BaseModel):

@@ -16,8 +16,15 @@ A lost node costs a restart, not the night: when an agent dies with its node (or
 for ``launch.ray.node_lost_s``), the other agents' torchruns are stopped, the driver waits up to
 ``replace_wait_s`` for a replacement, then starts the ranks again on the nodes there are (no fewer
 than ``min_nodes``); they resume from the last checkpoint at that world size. Every attempt, and
-why it ended, is in the result's ``summary["launch"]`` and in ``ray-nodes.json``. Checkpoints go
-to ``out_dir``, which must be one path every node sees (a shared file system).
+why it ended, is in the result's ``summary["launch"]`` and in ``ray-nodes.json``.
+
+Where the run's files go: by default ``out_dir``, which must then be one path every node sees (a
+shared file system). On nodes that share none, ``launch.ray.storage`` names object storage (an
+fsspec URL, ``s3://bucket/prefix``) every node reaches: the checkpoints are written and read
+there (``storage/checkpoint.py``), under a key named after ``out_dir`` (a retry of the same run
+resumes from them); the driver sends each agent the job, which its node runs from a local
+directory; rank 0's metrics lines come back with the output, and its result (or a rank's error)
+when the attempt ends; the last checkpoint is copied into ``out_dir`` for grading.
 
 What listens where: as ``launch_nodes`` (docs/security.md): agent 0's torchrun hosts the c10d
 store on a free port of its node's address; gloo/NCCL use the interface that holds the node's
@@ -26,6 +33,7 @@ token authentication)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 import uuid
@@ -35,11 +43,13 @@ from typing import Any, Callable
 from sluice.errors import ConfigError, LaunchError
 from sluice.stages.data.engine import EngineConfig, connect
 from sluice.stages.run.launch import collect_result, prepare_run
-from sluice.stages.run.node_agent import NodeAgent
+from sluice.stages.run.node_agent import METRICS, NodeAgent
 from sluice.stages.run.nodes import LaunchConfig, RayLaunch, address_in_url
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.rank import RESULT, TrainResult
-from sluice.storage.atomic import write_json
+from sluice.storage import paths
+from sluice.storage.atomic import write_bytes, write_json
+from sluice.storage.checkpoint import checkpoint_exists, checkpoint_path
 
 POLL_S = 0.5
 NODES_FILE = "ray-nodes.json"
@@ -61,8 +71,11 @@ class _Attempt:
         self.endpoint = ""
         self.t0 = time.monotonic()
         self.timing: dict[str, float] = {}  # seconds from the attempt's start: placed, agents up, torchruns started
+        self.job_paths: list[str] = []  # the job file each node's ranks read
 
-    def start(self, job_path: Path, env: dict[str, str]) -> None:
+    def start(self, job_path: Path, env: dict[str, str], job: dict[str, Any] | None = None) -> None:
+        """Place the agents and start their torchruns on ``job_path`` (a path every node sees) or,
+        given ``job``, on a copy each agent keeps in a local directory of its own."""
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         ray, r = self.ray, self.cfg.ray
@@ -84,9 +97,9 @@ class _Attempt:
         head = self.where[0]
         self.endpoint = f"{address_in_url(head['ip'])}:{head['port']}"
         run_id = f"sluice-{uuid.uuid4().hex[:8]}"
-        ray.get([a.start.remote(str(job_path), self.n, self.per_node, self.endpoint, run_id, i == 0,
-                                self.cfg.rdzv_timeout_s, self.cfg.max_restarts, env)
-                 for i, a in enumerate(self.agents)], timeout=r.place_timeout_s)
+        self.job_paths = ray.get([a.start.remote(str(job_path), self.n, self.per_node, self.endpoint, run_id, i == 0,
+                                                 self.cfg.rdzv_timeout_s, self.cfg.max_restarts, env, job)
+                                  for i, a in enumerate(self.agents)], timeout=r.place_timeout_s)
         self.timing["started_s"] = round(time.monotonic() - self.t0, 2)
         self.emit(f"[sluice] ray: attempt {self.index + 1}: {self.n} node(s) x {self.per_node} rank(s), "
                   f"rendezvous at {self.endpoint}: "
@@ -103,6 +116,7 @@ class _Attempt:
         answered = [time.monotonic()] * self.n  # when each agent's last answered poll was sent
         failed_at: float | None = None
         logs = [open(self.out / f"torchrun-node{i}.log", "a") for i in range(self.n)]
+        metrics = None  # rank 0's lines, from a node that runs from its own directory
         try:
             while True:
                 sent = time.monotonic()
@@ -112,7 +126,7 @@ class _Attempt:
                     if ref not in ready:
                         continue
                     try:
-                        lines, rc = ray.get(ref)
+                        lines, rc, rows = ray.get(ref)
                     except ActorUnavailableError:
                         continue  # not an answer; lost once it lasts node_lost_s
                     except RayActorError:
@@ -123,6 +137,10 @@ class _Attempt:
                         logs[i].write(line)
                         self.emit(f"[node {i}] {line}")
                     logs[i].flush()
+                    if rows:
+                        metrics = metrics or open(self.out / METRICS, "a")
+                        metrics.writelines(rows)
+                        metrics.flush()
                     self.tails[i] = (self.tails[i] + lines)[-60:]
                     self.rcs[i] = rc
                 now = time.monotonic()
@@ -142,6 +160,19 @@ class _Attempt:
         finally:
             for f in logs:
                 f.close()
+            if metrics is not None:
+                metrics.close()
+
+    def fetch_outcome(self) -> None:
+        """Copy the result and error files the agents' local directories hold into ``out``
+        (nodes sharing no file system), from every agent still there."""
+        for a in self.agents:
+            try:
+                files = self.ray.get(a.outcome.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a lost node's files are gone with it
+                continue
+            for name, text in files.items():
+                write_bytes(self.out / name, text.encode())
 
     def close(self, lost: int | None) -> None:
         """Stop the agents' torchruns (the lost node's is gone with it) and free the nodes."""
@@ -159,6 +190,7 @@ class _Attempt:
     def record(self, outcome: str, node: int | None) -> dict[str, Any]:
         return {"nodes": [{"ip": w["ip"], "node_id": w["node_id"], "host": w["host"]} for w in self.where],
                 "ranks_per_node": self.per_node, "world_size": self.n * self.per_node, "ended": outcome,
+                "job_files": self.job_paths,
                 "node": node, "seconds": round(time.monotonic() - self.t0, 1), **self.timing}
 
 
@@ -211,6 +243,38 @@ def _nodes_for(ray: Any, r: RayLaunch, bundle: dict[str, float], gone: set[str],
                       f"launch.ray.min_nodes={r.min_nodes}) after waiting {wait_s:g}s; {_cluster_nodes(ray)}")
 
 
+def _checkpoints_in(job: TrainJob, storage: str, out: Path) -> TrainJob:
+    """``job`` with its checkpoints in object storage at ``storage``/<out_dir's name>-<hash of
+    its path>/checkpoints (unless the job names a checkpoint_dir itself), once the storage is
+    seen to take a write (its job.json: the run's record there too)."""
+    if job.config.checkpoint_dir is not None:
+        if paths.is_local(job.config.checkpoint_dir):
+            raise ConfigError(f"train.checkpoint_dir={job.config.checkpoint_dir!r} is a local path, but with "
+                              f"launch.ray.storage the nodes share no file system: leave checkpoint_dir unset "
+                              "(the checkpoints then go to the storage) or make it a URL every node reaches")
+        return job
+    key = f"{out.name}-{hashlib.sha256(str(out.absolute()).encode()).hexdigest()[:8]}"
+    base = paths.join(storage, key)
+    try:
+        write_json(paths.join(base, "job.json"), job.model_dump(mode="json"))
+    except (ImportError, OSError) as e:
+        raise ConfigError(f"launch.ray.storage={storage!r}: cannot write the run's files there ({e}); every "
+                          "node needs its fsspec package (s3fs for s3://) and credentials in its environment") from e
+    return job.model_copy(update={"config": job.config.model_copy(
+        update={"checkpoint_dir": paths.join(base, "checkpoints")})})
+
+
+def _fetch_checkpoint(directory: str | None, out: Path) -> str | None:
+    """The run's last checkpoint copied from object storage into ``out``/checkpoints (what
+    grading and the registry read); None when the run wrote none."""
+    src = checkpoint_path(directory) if directory else None
+    if not checkpoint_exists(src):
+        return None
+    dest = out / "checkpoints" / "last.pt"
+    write_bytes(dest, paths.read_bytes(src))
+    return str(dest)
+
+
 def launch_ray(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str, Any] | None = None,
                engine: EngineConfig | dict[str, Any] | None = None, nproc: int | None = None, *,
                out_dir: str | os.PathLike | None = None, timeout_s: float | None = None,
@@ -218,7 +282,8 @@ def launch_ray(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str, 
     """Run ``job`` on the nodes of the Ray cluster ``engine`` names (``engine.address``; none: one
     Sluice starts on 127.0.0.1), ``nproc`` ranks per node (None: one per GPU on CUDA, else per
     ``launch.ray.cpus_per_rank`` CPUs); return global rank 0's result, with every attempt in
-    ``summary["launch"]``. ``out_dir`` must be one path every node sees.
+    ``summary["launch"]``. ``out_dir`` must be one path every node sees, unless
+    ``launch.ray.storage`` names object storage for the checkpoints (nodes sharing no file system).
 
     Raises ``LaunchError`` when Ray cannot place the ranks, too few nodes are left after a loss,
     more than ``max_node_losses`` nodes are lost, or the run fails or times out; ``TrainError``
@@ -232,18 +297,25 @@ def launch_ray(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str, 
     r = cfg.ray
     emit = on_line or (lambda s: print(s, end="", flush=True))
     eng = engine if isinstance(engine, EngineConfig) else EngineConfig.model_validate(engine or {"name": "ray"})
-    t_join = time.monotonic()
-    ray = connect(eng.model_copy(update={"name": "ray"}), lambda s: emit(f"[sluice] {s}\n"))
-    join_s = round(time.monotonic() - t_join, 2)
     job = job if isinstance(job, TrainJob) else TrainJob.model_validate(job)
     if job.config.torch_threads is None:  # a rank uses the CPUs it reserved, not its node's every core
         job = job.model_copy(update={"config": job.config.model_copy(
             update={"torch_threads": max(1, int(r.cpus_per_rank))})})
+    out = Path(out_dir) if out_dir is not None else None
+    if r.storage:  # before anything is placed: the storage takes a write, or the run does not start
+        if out is None:
+            raise ConfigError("launch.ray.storage keeps a run's checkpoints under a key named after out_dir: "
+                              "give out_dir (a retry of the same run then resumes from them)")
+        job = _checkpoints_in(job, r.storage, out)
+    t_join = time.monotonic()
+    ray = connect(eng.model_copy(update={"name": "ray"}), lambda s: emit(f"[sluice] {s}\n"))
+    join_s = round(time.monotonic() - t_join, 2)
     has_gpu = ray.cluster_resources().get("GPU", 0) > 0
     if job.config.device == "cuda" and not has_gpu:
         raise ConfigError(f"train.device: cuda, but the Ray cluster has no GPU: {_cluster_nodes(ray)}")
     gpus = has_gpu and job.config.device != "cpu"
-    out, job_path, _ = prepare_run(job, out_dir)
+    out, job_path, job = prepare_run(job, out)
+    shipped = job.model_dump(mode="json") if r.storage else None  # sent to each agent: no file system shared
     per_node = _ranks_per_node(ray, r, nproc, gpus)
     bundle = {"CPU": per_node * r.cpus_per_rank, **({"GPU": float(per_node)} if gpus else {})}
     deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -256,9 +328,11 @@ def launch_ray(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str, 
         attempt = _Attempt(ray, len(attempts), n, per_node, bundle, cfg, out, emit)
         outcome, node = "failed", None
         try:
-            attempt.start(job_path, env or {})
+            attempt.start(job_path, env or {}, shipped)
             write_json(out / NODES_FILE, {"attempts": attempts + [attempt.record("running", None)]})
             outcome, node = attempt.watch(deadline)
+            if shipped is not None and outcome in ("done", "failed"):
+                attempt.fetch_outcome()
         finally:
             attempt.close(node if outcome == "lost" else None)
             if attempt.where:
@@ -281,6 +355,9 @@ def launch_ray(job: TrainJob | dict[str, Any], launch: LaunchConfig | dict[str, 
     first = node if outcome == "failed" and node is not None else 0
     result = collect_result(out, 0 if outcome == "done" else (attempt.rcs[first] or 1), attempt.tails[first],
                             attempt.endpoint)
+    if shipped is not None:
+        summary["storage"] = job.config.checkpoint_dir
+        result.checkpoint = _fetch_checkpoint(job.config.checkpoint_dir, out)
     result.summary["launch"] = summary
     write_json(out / RESULT, result.to_dict())
     return result

@@ -20,7 +20,7 @@ from sluice.stages.contracts import ResumableLoader, Selector
 from sluice.stages.train.elastic import Resize
 from sluice.stages.train.components import Components
 from sluice.stages.train.state import RunState, reference_lr_scale
-from sluice.storage.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from sluice.storage.checkpoint import checkpoint_exists, checkpoint_path, load_checkpoint, save_checkpoint
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -70,9 +70,9 @@ class Checkpointer:
         self.compat = self.cfg.compat(self.d.world)
         self.saved_elapsed = 0.0  # the clock at the last save (checkpoint_every_seconds)
 
-    def written(self) -> Path | None:
+    def written(self) -> Path | str | None:
         """The checkpoint file, once one exists."""
-        return self.path if self.path and self.path.exists() else None
+        return self.path if checkpoint_exists(self.path) else None
 
     def due(self, state: RunState) -> bool:
         """``checkpoint_every_steps`` or ``checkpoint_every_seconds`` says save now."""
@@ -86,7 +86,7 @@ class Checkpointer:
         """Resume from the checkpoint when there is one (and ``resume``); else start the fresh
         run's epoch and per-rank RNG. True when it resumed."""
         cfg, d, p = self.cfg, self.d, self.parts
-        if not (self.path and cfg.resume and self.path.exists()):
+        if not (self.path and cfg.resume and checkpoint_exists(self.path)):
             self.loader.set_epoch(0)
             torch.manual_seed(cfg.seed * 1000 + 1 + d.rank)  # dropout differs per rank
             return False

@@ -39,14 +39,14 @@ import torch
 
 from sluice.errors import TrainError
 from sluice.stages.train.config import TrainConfig
-from sluice.storage.checkpoint import checkpoint_path
+from sluice.storage.checkpoint import checkpoint_exists, checkpoint_path, load_checkpoint
 
 
-def _ckpt(cfg: TrainConfig) -> Path | None:
+def _ckpt(cfg: TrainConfig) -> Path | str | None:
     if not (cfg.checkpoint_dir and cfg.resume):
         return None
     p = checkpoint_path(cfg.checkpoint_dir)
-    return p if p.exists() else None
+    return p if checkpoint_exists(p) else None
 
 
 def saved_geometry(state: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +65,10 @@ def batch_scale_for(cfg: TrainConfig, world: int) -> Fraction:
     path = _ckpt(cfg)
     if path is None:
         return Fraction(1)
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(path, Path):
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    else:  # a remote checkpoint (launch.ray.storage): read whole, as load_checkpoint does
+        state = load_checkpoint(path)
     g = saved_geometry(state)
     if cfg.resize == "keep_global_batch":
         return g["batch_scale"] * g["world"] / world

@@ -22,13 +22,13 @@ import torch
 import torch.distributed as dist
 
 from sluice.errors import NonFiniteLoss
-
 from sluice.stages.contracts import ResumableLoader
 from sluice.stages.host import describe, gpu_name, host_class
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.dist import DistContext
 from sluice.stages.train.components import Components
 from sluice.stages.train.state import RunState
+from sluice.storage.checkpoint import checkpoint_exists
 
 
 @dataclasses.dataclass
@@ -42,10 +42,10 @@ class StepRecord:
     checked: bool = False  # fp16: the step itself decided on a non-finite loss (GradScaler)
 
 
-def non_finite_error(step: int, lr: float, checkpoint: Path | None, what: str = "loss") -> NonFiniteLoss:
+def non_finite_error(step: int, lr: float, checkpoint: Path | str | None, what: str = "loss") -> NonFiniteLoss:
     """The error for a ``what`` (loss, weights) that became NaN/inf at ``step``, naming the last
     good checkpoint."""
-    where = f"; the last good checkpoint is {checkpoint}" if checkpoint and checkpoint.exists() \
+    where = f"; the last good checkpoint is {checkpoint}" if checkpoint_exists(checkpoint) \
         else "; no checkpoint was written"
     return NonFiniteLoss(f"{what} became NaN/inf at step {step} (lr {lr:.3g}){where}. "
                          "Lower the lr, enable clip_grad_norm, or check the data")
@@ -126,7 +126,7 @@ class MetricsLogger:
         """Whether ``step``'s record is written (every ``log_every_steps``-th)."""
         return step % self.cfg.log_every_steps == 0
 
-    def read(self, state: RunState, checkpoint: Path | None = None, count_wait: bool = False) -> None:
+    def read(self, state: RunState, checkpoint: Path | str | None = None, count_wait: bool = False) -> None:
         """Read the waiting steps (one transfer; nothing when none wait). Raises
         ``NonFiniteLoss`` for the first of them whose loss was NaN/inf. The time spent waiting
         for the device is the last step's (and, ``count_wait``, the run clock's: only before

@@ -56,7 +56,7 @@ class MicroBatchSums:
 
 
 def train_step(parts: Components, state: RunState, batches: Iterator[Any], selector: Selector | None,
-               log_samples: SampleLog | None = None, checkpoint: Path | None = None) -> StepRecord:
+               log_samples: SampleLog | None = None, checkpoint: Path | str | None = None) -> StepRecord:
     """Take ``accum_steps`` batches from ``batches`` and make one optimizer step.
 
     ``log_samples`` receives each micro-batch's indices; ``checkpoint`` is named when the loss
@@ -176,7 +176,7 @@ def _record(parts: Components, state: RunState, stats: torch.Tensor, lr: float, 
     return StepRecord(host, stats, sums.sel_stats, checked)
 
 
-def _fp16_non_finite(parts: Components, state: RunState, checkpoint: Path | None) -> None:
+def _fp16_non_finite(parts: Components, state: RunState, checkpoint: Path | str | None) -> None:
     """fp16: the scaler skips this step and lowers the scale; too many in a row fail the run."""
     state.skipped += 1
     if state.skipped <= parts.cfg.max_skipped_steps:
