@@ -90,6 +90,7 @@ def run(mode: str, repeats: int) -> dict[str, Any]:
     from sluice.stages.run.nodes import launch_nodes
     from sluice.stages.run.ray_nodes import launch_ray
     m = MODES[mode]
+    CACHE.mkdir(parents=True, exist_ok=True)  # a fresh clone has none yet
     work = Path(tempfile.mkdtemp(prefix="train-ray-", dir=CACHE))
     train, test = data(m, work / "data")
     every = set(range(os.cpu_count() or 1))
