@@ -125,7 +125,8 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("loader_scale.json", loader_scale), ("loader_scale_quick.json", loader_scale_quick),
     ("shard_order.json", shard_order),
     ("scale_out.json", scale_out), ("scale_out_quick.json", lambda d: scale_out(d, "scale_out_quick.json")),
-    ("train_ray.json", train_ray), ("train_ray_quick.json", lambda d: train_ray(d, "train_ray_quick.json")),
+    ("train_ray.json", train_ray), ("train_ray_avx2.json", lambda d: train_ray(d, "train_ray_avx2.json")),
+    ("train_ray_quick.json", lambda d: train_ray(d, "train_ray_quick.json")),
 ]
 
 # results files written once per host class: <stem>-<class>.json
