@@ -43,7 +43,7 @@ from typing import Any, Callable
 from sluice.errors import ConfigError, LaunchError
 from sluice.stages.data.engine import EngineConfig, connect
 from sluice.stages.run.launch import collect_result, prepare_run
-from sluice.stages.run.node_agent import METRICS, NodeAgent
+from sluice.stages.run.node_agent import METRICS, OUTCOME_FILES, NodeAgent
 from sluice.stages.run.nodes import LaunchConfig, RayLaunch, address_in_url
 from sluice.stages.train.job import TrainJob
 from sluice.stages.train.rank import RESULT, TrainResult
@@ -171,8 +171,9 @@ class _Attempt:
                 files = self.ray.get(a.outcome.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - a lost node's files are gone with it
                 continue
-            for name, text in files.items():
-                write_bytes(self.out / name, text.encode())
+            for name in OUTCOME_FILES:  # the names this side knows, never one the answer makes up
+                if isinstance(files.get(name), str):
+                    write_bytes(self.out / name, files[name].encode())
 
     def close(self, lost: int | None) -> None:
         """Stop the agents' torchruns (the lost node's is gone with it) and free the nodes."""
