@@ -42,8 +42,7 @@ from sluice.process_rules import die_with_parent_preexec, stop_group
 from sluice.stages.select.spec import SelectionSpec
 from sluice.stages.train.config import TrainConfig
 from sluice.stages.train.job import TrainJob
-from sluice.stages.run.node_agent import is_loopback
-from sluice.stages.run.rendezvous import BACKEND as LOOPBACK_BACKEND
+from sluice.stages.run.node_agent import is_loopback, torchrun_argv
 from sluice.stages.train.rank import FATAL, JOB, RESULT, TrainResult, run_rank
 from sluice.storage.atomic import write_json
 
@@ -76,15 +75,9 @@ def torchrun_command(job: Path, nproc: int, endpoint: str, nnodes: int, max_rest
                      run_id: str, rdzv_timeout_s: float) -> list[str]:
     """The torchrun command line for one node: on one machine, torchrun with every socket on
     loopback (``rendezvous.py``); across machines, torchrun's own c10d rendezvous."""
-    local = nnodes == 1 and is_loopback(endpoint.rsplit(":", 1)[0])
-    runner = "sluice.stages.run.rendezvous" if local else "torch.distributed.run"
-    cmd = [sys.executable, "-m", runner, "--nproc-per-node", str(nproc),
-           "--nnodes", str(nnodes), "--rdzv-backend", LOOPBACK_BACKEND if local else "c10d",
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", str(max_restarts),
-           "--rdzv-conf", f"join_timeout={int(rdzv_timeout_s)},read_timeout={int(rdzv_timeout_s)}"]
-    if is_loopback(endpoint.rsplit(":", 1)[0]):
-        cmd += ["--local-addr", LOOPBACK]
-    return cmd + ["-m", "sluice.stages.train.rank", "--job", str(job)]
+    local_addr = LOOPBACK if is_loopback(endpoint.rsplit(":", 1)[0]) else None
+    return torchrun_argv(sys.executable, job, nnodes, nproc, endpoint, run_id, local_addr, None,
+                         rdzv_timeout_s, max_restarts)
 
 
 def _loopback_env(nnodes: int, endpoint: str) -> dict[str, str]:

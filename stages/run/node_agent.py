@@ -38,19 +38,22 @@ def torchrun_env(interface: str | None) -> dict[str, str]:
 
 
 def torchrun_argv(python: str, job_path: Path | str, nnodes: int, nproc: int, endpoint: str, run_id: str,
-                  local_addr: str, is_host: bool, timeout_s: float, max_restarts: int) -> list[str]:
+                  local_addr: str | None, is_host: bool | None, timeout_s: float, max_restarts: int) -> list[str]:
     """One node's torchrun, joined to the others by torchrun's c10d rendezvous at ``endpoint``
-    (hosted by the node with ``is_host``); what ``launch_nodes`` and a Ray node agent run. A
-    lone node on a loopback address keeps every store on loopback (``rendezvous.py``'s backend:
-    torchrun's own c10d stores listen on every interface)."""
+    (hosted by the node with ``is_host``; None: torchrun decides from the addresses); what
+    ``launch`` runs on this machine, ``launch_nodes`` on each listed node and a Ray node agent
+    on its node. A lone node on a loopback address keeps every store on loopback
+    (``rendezvous.py``'s backend: torchrun's own c10d stores listen on every interface)."""
     t = int(timeout_s)
-    alone = nnodes == 1 and is_loopback(local_addr)
+    alone = nnodes == 1 and is_loopback(local_addr or endpoint.rsplit(":", 1)[0])
     runner = "sluice.stages.run.rendezvous" if alone else "torch.distributed.run"
-    conf = f"join_timeout={t},read_timeout={t}" if alone else f"is_host={int(is_host)},join_timeout={t},read_timeout={t}"
+    conf = f"join_timeout={t},read_timeout={t}"
+    if is_host is not None and not alone:
+        conf = f"is_host={int(is_host)},{conf}"
     # no --node-rank: the c10d rendezvous assigns node ranks (global rank 0 may be on any node)
     return [python, "-m", runner, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
             "--rdzv-backend", LOOPBACK_BACKEND if alone else "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", run_id, "--local-addr", local_addr, "--rdzv-conf", conf,
+            "--rdzv-id", run_id, *(["--local-addr", local_addr] if local_addr else []), "--rdzv-conf", conf,
             "--max-restarts", str(max_restarts),
             "-m", "sluice.stages.train.rank", "--job", str(job_path)]
 
