@@ -22,20 +22,25 @@ from sluice.storage.atomic import atomic_path
 LAST = "last.pt"
 
 
+def _located(where: str | os.PathLike) -> Path | str:
+    """A local path as a ``Path`` (``file://`` stripped), a remote URL as its string."""
+    return paths.local_path(where) if paths.is_local(where) else os.fspath(where)
+
+
 def checkpoint_path(directory: str | os.PathLike) -> Path | str:
     """Where the latest checkpoint of a run lives: a path, or a URL for a remote directory."""
-    if paths.is_local(directory):
-        return paths.local_path(directory) / LAST
-    return paths.join(directory, LAST)
+    d = _located(directory)
+    return d / LAST if isinstance(d, Path) else paths.join(d, LAST)
 
 
 def checkpoint_exists(path: str | os.PathLike | None) -> bool:
     """Whether a checkpoint is at ``path`` (a path or URL; None: no)."""
     if path is None:
         return False
-    if paths.is_local(path):
-        return paths.local_path(path).is_file()
-    fs, where = paths.filesystem(path)
+    p = _located(path)
+    if isinstance(p, Path):
+        return p.is_file()
+    fs, where = paths.filesystem(p)
     fs.invalidate_cache(where)  # another process (rank 0, on another node) may have written it since
     return fs.exists(where)
 
@@ -47,7 +52,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path | st
         raise ValueError("a checkpoint needs a 'compat' record (model name, config hash)")
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
-    return paths.local_path(path) if paths.is_local(path) else os.fspath(path)
+    return _located(path)
 
 
 def load_checkpoint(path: str | os.PathLike, compat: dict[str, Any] | None = None,
@@ -55,7 +60,7 @@ def load_checkpoint(path: str | os.PathLike, compat: dict[str, Any] | None = Non
     """Load safely; if ``compat`` is given, refuse a checkpoint written for something else
     (fields named in ``ignore`` may differ, e.g. the world size of a run allowed to resize)."""
     import torch
-    p: Path | str = paths.local_path(path) if paths.is_local(path) else os.fspath(path)
+    p = _located(path)
     if not checkpoint_exists(p):
         raise FileNotFoundError(f"no checkpoint at {p}")
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,13 +21,10 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 out = Path(sys.argv[1])
 # object storage for nodes that share no file system: an S3-protocol server on loopback, reached
 # by every node through the environment the cluster's processes inherit (as a user's endpoint is)
-with socket.socket() as _s:
-    _s.bind(("127.0.0.1", 0))
-    S3_PORT = _s.getsockname()[1]
+from s3_server import start_s3_server  # noqa: E402
+
 out.mkdir(parents=True, exist_ok=True)
-with open(out / "moto.log", "wb") as _log:  # a file, not a pipe: an unread pipe fills and blocks the server
-    s3_server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(S3_PORT)],
-                                 stdout=subprocess.DEVNULL, stderr=_log)
+s3_server, S3_PORT = start_s3_server(out / "moto.log")
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
                   AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}")
 
@@ -52,12 +48,6 @@ cluster.wait_for_nodes()
 ray.init(address=cluster.address, log_to_driver=False)
 import s3fs  # noqa: E402
 
-for _ in range(100):
-    try:
-        socket.create_connection(("127.0.0.1", S3_PORT), timeout=0.5).close()
-        break
-    except OSError:
-        time.sleep(0.2)
 s3 = s3fs.S3FileSystem()
 s3.mkdir(BUCKET)
 report: dict = {"started_s": round(time.time() - t0, 1), "address": cluster.address,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import http.server
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from s3_server import start_s3_server
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -27,25 +27,6 @@ from sluice.storage.artifact import open_artifact  # noqa: E402
 
 BUCKET = "sluice-test"
 SHARD = ["--set", "ingest.limit=600", "--set", "ingest.seed=4", "--set", "shard.shard_samples=128", "--set", "shard.workers=2"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(port: int, proc: subprocess.Popen, log) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the S3 server exited: {log.read_text()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("the S3 server did not start within 60 s")
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):
@@ -99,16 +80,10 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
 def s3(tmp_path_factory):
     """The S3 server, reached by s3fs through the environment (as a user's own endpoint would
     be), and a proxy in front of it for the spoiled-download test."""
-    port = _free_port()
-    # its request log goes to a file: a pipe nobody reads fills (64 KB) and the server blocks on it
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as err:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=err)
+    server, port = start_s3_server(tmp_path_factory.mktemp("moto") / "moto.log")
     proxy = None
     old = dict(os.environ)
     try:
-        _wait_for(port, server, log)
         _Flaky.upstream = port
         proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
